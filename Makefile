@@ -1,0 +1,41 @@
+# The README's commands. Each target installs what it needs into .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+DEMO_MODEL ?= e2e/demo-model
+PORT ?= 8000
+
+.PHONY: install test lint demo crds clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# torch is pinned and installed first: the CPU build lies on disk, and any looser requirement
+# would pull a CUDA build of several GB.
+$(STAMP): $(PY) pyproject.toml setup.py
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[runtime,operator,test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+# pytest exits 5 when it collects no tests; that is a broken suite, not a pass, so say so and fail.
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	TRITON_INTERPRET=1 $(VENV)/bin/pytest -q tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
+
+demo: $(STAMP)
+	$(PY) -m pagoda.runtime.demo --model $(DEMO_MODEL) --port $(PORT)
+
+crds: $(STAMP)
+	$(PY) -m pagoda.operator.crdgen --write
+
+clean:
+	rm -rf $(VENV) .pytest_cache

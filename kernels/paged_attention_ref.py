@@ -1,0 +1,47 @@
+"""Reference attention over the paged KV cache, for decode, prefill and prefix extension alike.
+
+Queries are packed back to back (variable length). Sequence s owns query rows
+query_start_loc[s]:query_start_loc[s+1], and has seq_lens[s] tokens of context in the cache,
+including its new tokens, which the caller has already written there. Its query row i sits at
+position seq_lens[s] - q_len + i and attends causally to every cached position up to its own.
+"""
+
+import torch
+
+
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """The first seq_len tokens of one sequence, [seq_len, num_kv_heads, head_dim]."""
+    block_size = cache.shape[1]
+    num_blocks = (seq_len + block_size - 1) // block_size
+    blocks = cache[block_table[:num_blocks].long()]  # [n, block_size, kv_heads, head_dim]
+    return blocks.reshape(-1, *cache.shape[2:])[:seq_len]
+
+
+def paged_attention_ref(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    seq_lens: torch.Tensor,  # [num_seqs] int32, context length including the new tokens
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
+    scale: float,
+) -> torch.Tensor:
+    num_heads = query.shape[1]
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(query)
+    starts = query_start_loc.tolist()
+    for s, seq_len in enumerate(seq_lens.tolist()):
+        q = query[starts[s] : starts[s + 1]].float()  # [q_len, H, D]
+        q_len = q.shape[0]
+        if q_len == 0:
+            continue
+        k = gather_kv(k_cache, block_tables[s], seq_len).float().repeat_interleave(group, dim=1)
+        v = gather_kv(v_cache, block_tables[s], seq_len).float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)
+        k_pos = torch.arange(seq_len, device=query.device)
+        scores.masked_fill_(k_pos[None, :] > q_pos[:, None], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[starts[s] : starts[s + 1]] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
+    return out

@@ -1,0 +1,24 @@
+"""pagoda.runtime: the inference engine, the OpenAI-compatible server and the CLI.
+
+The public names are loaded lazily, so that importing the CLI (or `pagoda.runtime.plan`) does not
+import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "LLM": "pagoda.runtime.llm",
+    "SamplingParams": "pagoda.runtime.sampling_params",
+    "RequestOutput": "pagoda.runtime.outputs",
+    "CompletionOutput": "pagoda.runtime.outputs",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'pagoda.runtime' has no attribute {name!r}")

@@ -1,0 +1,160 @@
+"""Tiny Hugging Face-format checkpoints with random weights, built by transformers' own classes.
+
+Tests, the kind end-to-end script and benchmarks' smoke runs use them: the same classes, loaded in
+transformers, are the correctness reference for the engine. Everything is deterministic from a seed
+and takes well under a second per model, so no model hub is ever needed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FAMILIES = ("llama", "llama3", "mistral", "qwen2")
+
+SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>"]
+
+# ChatML, the format Qwen2 and many fine-tunes use; generation stops at <|im_end|>.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+@dataclass(slots=True)
+class TinySpec:
+    family: str = "llama"
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    vocab_size: int = 512
+    max_position_embeddings: int = 1024
+    seed: int = 0
+    max_shard_size: str | None = "40KB"  # small enough that every tiny model is sharded
+    extra: dict = field(default_factory=dict)
+
+
+def _training_text() -> list[str]:
+    """Text the repository holds: this package's own source files, read in a fixed order."""
+    root = Path(__file__).resolve().parent
+    files = sorted(root.rglob("*.py"))[:40]
+    return [p.read_text(encoding="utf-8", errors="replace") for p in files]
+
+
+def build_tokenizer(vocab_size: int = 512):
+    """A byte-level BPE trained with `tokenizers`, wrapped as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_training_text(), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|bos|>",
+        eos_token="<|im_end|>",
+        pad_token="<|pad|>",
+        additional_special_tokens=["<|eos|>", "<|im_start|>"],
+        chat_template=CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def _config(spec: TinySpec, tokenizer):
+    import transformers as tf
+
+    common = dict(
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        vocab_size=spec.vocab_size,
+        max_position_embeddings=spec.max_position_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        rms_norm_eps=1e-5,
+    )
+    if spec.family == "llama":
+        cfg = tf.LlamaConfig(**common, rope_theta=10000.0)
+    elif spec.family == "llama3":
+        cfg = tf.LlamaConfig(
+            **common,
+            rope_theta=500000.0,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        )
+    elif spec.family == "mistral":
+        cfg = tf.MistralConfig(**common, rope_theta=10000.0, sliding_window=None)
+    elif spec.family == "qwen2":
+        cfg = tf.Qwen2Config(**common, rope_theta=1000000.0, tie_word_embeddings=True)
+    else:
+        raise ValueError(f"unknown tiny family {spec.family!r}; choose one of {FAMILIES}")
+    for key, value in spec.extra.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+def build_tiny_model(path: str | Path, family: str = "llama", seed: int = 0, **overrides) -> Path:
+    """Write a tiny checkpoint (config, sharded safetensors, tokenizer) to `path` and return it."""
+    import torch
+    import transformers as tf
+
+    spec = TinySpec(family=family, seed=seed, **overrides)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(spec.vocab_size)
+    config = _config(spec, tokenizer)
+    cls = {
+        "llama": tf.LlamaForCausalLM,
+        "llama3": tf.LlamaForCausalLM,
+        "mistral": tf.MistralForCausalLM,
+        "qwen2": tf.Qwen2ForCausalLM,
+    }[family]
+    torch.manual_seed(seed)
+    model = cls(config)
+    # Random init is N(0, 0.02); a wider spread makes logits far apart, so greedy ties (which
+    # would make token-identity depend on summation order) essentially never happen.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.15 if "embed" not in name else 1.0)
+            elif "bias" in name:
+                p.normal_(0.0, 0.1)
+    model.eval()
+    kwargs = {"safe_serialization": True}
+    if spec.max_shard_size:
+        kwargs["max_shard_size"] = spec.max_shard_size
+    model.save_pretrained(path, **kwargs)
+    tokenizer.save_pretrained(path)
+    (path / "tiny_model.json").write_text(json.dumps({"family": family, "seed": seed, "random_weights": True}))
+    return path
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("path", help="folder to write the checkpoint into")
+    parser.add_argument("--family", default="llama", choices=FAMILIES)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def run(args) -> int:
+    print(build_tiny_model(args.path, args.family, args.seed))
+    return 0

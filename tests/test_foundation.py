@@ -1,0 +1,109 @@
+"""The project's packaging promises: the pagoda.<folder> mapping, the stdlib `operator` left alone,
+an operator install without torch, and tiny reference models that transformers can load."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parents[1]
+STDLIB_OPERATOR = (
+    "import operator, sys; assert operator.__file__.startswith(sys.base_prefix), operator.__file__"
+)
+
+
+@pytest.mark.parametrize("cwd", [ROOT, Path("/")], ids=["repo-root", "elsewhere"])
+def test_import_operator_is_stdlib(cwd):
+    """`operator/` would shadow the stdlib module if it were a regular package on sys.path[0].
+
+    `python -c` and `python -m` put the working directory first on sys.path, so running them from
+    the repository root is the hard case; PYTHONPATH pointing at the root is another.
+    """
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for args in (["-c", STDLIB_OPERATOR], ["-m", "pagoda.runtime.cli", "--help"]):
+        result = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+
+
+def test_folders_import_as_pagoda_packages():
+    import pagoda.kernels
+    import pagoda.operator
+    import pagoda.runtime
+
+    assert Path(pagoda.runtime.__file__).parent == ROOT / "runtime"
+    assert Path(pagoda.kernels.__file__).parent == ROOT / "kernels"
+    # A namespace package: its path lists the folder (plus, in editable installs, a path hook).
+    assert str(ROOT / "operator") in list(pagoda.operator.__path__)
+
+
+def test_console_script_lists_subcommands():
+    result = subprocess.run([sys.executable, "-m", "pagoda.runtime.cli", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0
+    for command in ("serve", "plan", "download", "bench", "operator"):
+        assert command in result.stdout
+
+
+def _closure(requirements: list[Requirement], extras: set[str]) -> set[str]:
+    """Every installed distribution that these requirements pull in, following installed metadata."""
+    seen: set[str] = set()
+    stack = [(r, extras) for r in requirements]
+    while stack:
+        req, active = stack.pop()
+        if req.marker and not any(req.marker.evaluate({"extra": e}) for e in (active or {""})):
+            continue
+        name = req.name.lower().replace("_", "-")
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            dist = md.distribution(req.name)
+        except md.PackageNotFoundError:
+            continue
+        for sub in dist.requires or []:
+            stack.append((Requirement(sub), set(req.extras)))
+    return seen
+
+
+def test_operator_extra_never_pulls_torch():
+    own = [Requirement(r) for r in md.distribution("pagoda").requires or []]
+    pulled = _closure(own, {"operator"})
+    assert "kopf" in pulled and "kubernetes" in pulled
+    assert not pulled & {"torch", "triton", "transformers", "nvidia-cublas-cu12"}, pulled
+    runtime = _closure(own, {"runtime"})
+    assert {"torch", "transformers", "fastapi"} <= runtime
+
+
+@pytest.mark.parametrize("family", ["llama", "llama3", "mistral", "qwen2"])
+def test_tiny_models_load_and_generate(tmp_path, family):
+    import time
+
+    import torch
+    import transformers
+
+    from pagoda.runtime.tiny_models import build_tiny_model
+
+    start = time.perf_counter()
+    path = build_tiny_model(tmp_path / family, family, seed=3)
+    assert time.perf_counter() - start < 5.0  # well under a second once transformers is imported
+    assert (path / "model.safetensors.index.json").exists(), "tiny models are sharded"
+    model = transformers.AutoModelForCausalLM.from_pretrained(path)
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    ids = tok("def fibonacci(n):", return_tensors="pt").input_ids
+    out = model.generate(ids, max_new_tokens=6, do_sample=False)
+    assert out.shape[1] == ids.shape[1] + 6
+    assert tok.decode(ids[0]) == "def fibonacci(n):"
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert chat.endswith("<|im_start|>assistant\n")
+    if family == "qwen2":
+        assert model.config.tie_word_embeddings
+        assert model.model.layers[0].self_attn.q_proj.bias is not None
+    # Deterministic from the seed.
+    again = build_tiny_model(tmp_path / "again", family, seed=3)
+    a = transformers.AutoModelForCausalLM.from_pretrained(again)
+    assert all(torch.equal(x, y) for x, y in zip(model.state_dict().values(), a.state_dict().values()))
