@@ -1,6 +1,7 @@
 """The kernels the runtime calls. CUDA tensors go to Triton; anything else to the torch reference.
 
-Every function keeps the reference's signature, so model code never knows which one ran.
+Every function keeps the reference's signature, so model code never knows which one ran. The
+Triton modules are imported on first CUDA use, so CPU-only processes never load Triton.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pagoda.kernels.kv_cache_ref import write_kv_cache_ref
 from pagoda.kernels.norm_ref import rms_norm_ref
 from pagoda.kernels.paged_attention_ref import paged_attention_ref
 from pagoda.kernels.rotary_ref import rotary_embedding_ref
+from pagoda.kernels.sampling_ref import sample_ref
 
 
 def _on_gpu(t: torch.Tensor) -> bool:
@@ -19,21 +21,61 @@ def _on_gpu(t: torch.Tensor) -> bool:
 
 
 def write_kv_cache(key, value, k_cache, v_cache, slot_mapping) -> None:
+    if _on_gpu(key):
+        from pagoda.kernels.kv_cache import write_kv_cache as triton_write_kv_cache
+
+        return triton_write_kv_cache(key, value, k_cache, v_cache, slot_mapping)
     return write_kv_cache_ref(key, value, k_cache, v_cache, slot_mapping)
 
 
 def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, **hints):
-    """hints (max_query_len, max_seq_len) let GPU kernels pick a launch without a host sync."""
-    return paged_attention_ref(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+    """hints (max_query_len, max_seq_len: python ints, upper bounds are fine) let the GPU kernels
+    pick a launch without a host sync. max_query_len == 1 takes the split-KV decode kernel."""
+    if not _on_gpu(query):
+        return paged_attention_ref(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+    max_query_len = hints.get("max_query_len")
+    if max_query_len is None:  # no hint: find out, at the price of a sync
+        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max()) if len(seq_lens) else 0
+    if max_query_len <= 1:
+        from pagoda.kernels.paged_attention_decode import paged_attention_decode
+
+        return paged_attention_decode(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+                                      scale, max_seq_len=hints.get("max_seq_len"))
+    from pagoda.kernels.paged_attention_prefill import paged_attention_prefill
+
+    return paged_attention_prefill(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+                                   scale, max_query_len=max_query_len)
 
 
 def rms_norm(x, weight, eps, residual=None):
+    if _on_gpu(x):
+        from pagoda.kernels.norm import rms_norm as triton_rms_norm
+
+        return triton_rms_norm(x, weight, eps, residual)
     return rms_norm_ref(x, weight, eps, residual)
 
 
 def rotary_embedding(positions, query, key, cos_sin_cache):
+    if _on_gpu(query):
+        from pagoda.kernels.rotary import rotary_embedding as triton_rotary_embedding
+
+        return triton_rotary_embedding(positions, query, key, cos_sin_cache)
     return rotary_embedding_ref(positions, query, key, cos_sin_cache)
 
 
 def silu_and_mul(x):
+    if _on_gpu(x):
+        from pagoda.kernels.activation import silu_and_mul as triton_silu_and_mul
+
+        return triton_silu_and_mul(x)
     return silu_and_mul_ref(x)
+
+
+def sample(logits, temperature, top_k, top_p, min_p, seeds, steps, **hints):
+    """Sampled ids, int64 [num_seqs], left on the logits' device (reading them is the step's one
+    sync). hints: all_greedy, need_cutoffs (see pagoda.kernels.sampling.sample)."""
+    if _on_gpu(logits):
+        from pagoda.kernels.sampling import sample as triton_sample
+
+        return triton_sample(logits, temperature, top_k, top_p, min_p, seeds, steps, **hints)
+    return sample_ref(logits, temperature, top_k, top_p, min_p, seeds, steps)

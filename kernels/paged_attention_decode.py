@@ -1,0 +1,200 @@
+"""Triton paged-attention decode: one new query token per sequence, over its paged KV cache.
+
+Launch shape. The grid is (num_seqs, num_kv_heads, num_splits). One program owns every query head
+of one KV head (GQA-aware), so each K/V row is read from HBM once per group and the group's scores
+come out of one small tl.dot ([BLOCK_G, D] x [D, BLOCK_N]). The KV positions are walked in tiles
+of BLOCK_N, which may span several cache blocks: every position finds its physical block through
+the block table, so any power-of-two block size up to 128 works with the same kernel.
+
+Split-KV. When seqs * kv_heads is too few programs to fill the GPU (small batches, long contexts),
+the context is cut into num_splits slices. Each slice writes a partial output and its log-sum-exp,
+and a second kernel merges them. The slice length is computed on the device from each sequence's
+own seq_len, so the launch depends only on host-side hints: no host sync, and a launch captured in
+a CUDA graph stays correct for any context length. With one split the kernel writes the output
+directly and the merge is skipped.
+"""
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from pagoda.kernels.attention_dot import _dot, dot_precision
+
+# Launch knobs: first guesses for the H200, not yet tuned; e2e/kernels_gpu.py --sweep ranks the
+# alternatives there.
+BLOCK_N = 64
+NUM_WARPS = 4
+NUM_STAGES = 3
+MIN_TOKENS_PER_SPLIT = 256  # below this a slice costs more in merging than it gains in parallelism
+MAX_SPLITS = 32
+PROGRAMS_PER_SM = 4  # resident decode programs per SM we aim to keep busy
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
+    out_ptr, part_out_ptr, part_lse_ptr,
+    scale_log2,
+    stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh,
+    NUM_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    q_row = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_row
+    if q_len > 0:
+        seq_len = tl.load(seq_lens_ptr + seq)
+        per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        start = split * per_split
+        end = tl.minimum(seq_len, start + per_split)
+
+        g = tl.arange(0, BLOCK_G)
+        d = tl.arange(0, BLOCK_D)
+        heads = kv_head * GROUP + g
+        gmask = g < GROUP
+        dmask = d < HEAD_DIM
+        q = tl.load(q_ptr + q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
+                    mask=gmask[:, None] & dmask[None, :], other=0.0)
+
+        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        denom = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+        for n0 in range(start, end, BLOCK_N):
+            pos = n0 + tl.arange(0, BLOCK_N)
+            pmask = pos < end
+            block = tl.load(table + pos // BLOCK_SIZE, mask=pmask, other=0).to(tl.int64)
+            row = block * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
+            kv_mask = pmask[:, None] & dmask[None, :]
+            k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            s = _dot(q, tl.trans(k), PRECISION) * scale_log2
+            s = tl.where(pmask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            alpha = tl.exp2(m - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            denom = denom * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION)
+            m = m_new
+
+        omask = gmask[:, None] & dmask[None, :]
+        if NUM_SPLITS == 1:
+            out = acc / tl.where(denom == 0.0, 1.0, denom)[:, None]
+            tl.store(out_ptr + q_row.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + d[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=omask)
+        else:
+            # partials are [num_seqs, num_heads, NUM_SPLITS, HEAD_DIM] and [.., NUM_SPLITS], contiguous
+            part = (seq.to(tl.int64) * GROUP * tl.num_programs(1) + heads) * NUM_SPLITS + split
+            tl.store(part_out_ptr + part[:, None] * HEAD_DIM + d[None, :],
+                     acc / tl.where(denom == 0.0, 1.0, denom)[:, None], mask=omask)
+            lse = tl.where(denom == 0.0, float("-inf"), m + tl.log2(tl.where(denom == 0.0, 1.0, denom)))
+            tl.store(part_lse_ptr + part, lse, mask=gmask)
+
+
+@triton.jit
+def _merge_kernel(
+    part_out_ptr, part_lse_ptr, query_start_loc_ptr, out_ptr, stride_ot, stride_oh,
+    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    q_row = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_row
+    if q_len > 0:
+        sp = tl.arange(0, BLOCK_S)
+        d = tl.arange(0, BLOCK_D)
+        part = (seq.to(tl.int64) * tl.num_programs(1) + head) * NUM_SPLITS + sp
+        lse = tl.load(part_lse_ptr + part, mask=sp < NUM_SPLITS, other=float("-inf"))
+        m = tl.max(lse, axis=0)
+        w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))  # empty slices weigh 0
+        o = tl.load(part_out_ptr + part[:, None] * HEAD_DIM + d[None, :],
+                    mask=(sp[:, None] < NUM_SPLITS) & (d[None, :] < HEAD_DIM), other=0.0)
+        total = tl.sum(w, axis=0)
+        out = tl.sum(w[:, None] * o, axis=0) / tl.where(total == 0.0, 1.0, total)
+        tl.store(out_ptr + q_row.to(tl.int64) * stride_ot + head * stride_oh + d,
+                 out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the CPU interpreter: small, so tests still exercise the split path
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
+    """Enough slices to keep PROGRAMS_PER_SM programs on every SM, but none shorter than
+    MIN_TOKENS_PER_SPLIT tokens of the longest sequence. Host arithmetic only."""
+    wanted = triton.cdiv(_num_sms(device) * PROGRAMS_PER_SM, max(1, num_seqs * num_kv_heads))
+    by_length = triton.cdiv(max(1, max_seq_len), MIN_TOKENS_PER_SPLIT)
+    return max(1, min(wanted, by_length, MAX_SPLITS))
+
+
+def paged_attention_decode(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]; one row per sequence (decode)
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+    seq_lens: torch.Tensor,  # [num_seqs] int32, including the new token
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
+    scale: float,
+    *,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Every sequence must have at most one query row (q_len 0 rows are skipped).
+
+    max_seq_len is only a launch hint (an upper bound is fine, as under CUDA graphs); without it
+    the split count is chosen from seq_lens, which syncs with the host.
+    """
+    num_seqs = seq_lens.shape[0]
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    assert num_heads % num_kv_heads == 0 and block_size & (block_size - 1) == 0 and block_size <= 128
+    assert query.stride(-1) == 1 and k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    group = num_heads // num_kv_heads
+    if out is None:
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    if num_seqs == 0:
+        return out
+    if num_splits is None:
+        if max_seq_len is None:
+            max_seq_len = int(seq_lens.max())
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, query.device)
+    block_g = max(16, triton.next_power_of_2(group))  # tl.dot wants M >= 16
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    two_byte = k_cache.element_size() <= 2  # fp32 caches take half the tile to fit shared memory
+    if num_splits > 1:
+        part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32,
+                               device=query.device)
+        part_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=query.device)
+    else:
+        part_out = part_lse = out  # unused
+    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+        out, part_out, part_lse,
+        scale * math.log2(math.e),
+        query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        NUM_SPLITS=num_splits, GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        BLOCK_SIZE=block_size, BLOCK_N=block_n or (BLOCK_N if two_byte else 32),
+        PRECISION=dot_precision(query),
+        num_warps=num_warps or NUM_WARPS, num_stages=num_stages or (NUM_STAGES if two_byte else 2),
+    )
+    if num_splits > 1:
+        _merge_kernel[(num_seqs, num_heads)](
+            part_out, part_lse, query_start_loc, out, out.stride(0), out.stride(1),
+            NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
+            HEAD_DIM=head_dim, BLOCK_D=block_d, num_warps=4 if head_dim >= 128 else 2,
+        )
+    return out

@@ -1,0 +1,163 @@
+"""Triton varlen causal attention over the paged KV cache: prefill, chunked prefill, prefix extension.
+
+FlashAttention-2 style. The grid is (query tiles, num_seqs, num_heads); a program holds BLOCK_M
+query rows of one head of one sequence and streams that sequence's keys and values from the cache
+through its block table in tiles of BLOCK_N, with an online softmax. The new tokens were written to
+the cache before the call, so a cached prefix and the fresh chunk are read the same way.
+
+Query row i of a sequence with q_len new tokens sits at position seq_len - q_len + i. The key loop
+has two phases: tiles that lie wholly at or before the tile's first query position need no mask;
+only the last few tiles along the diagonal pay for the causal mask. Query tiles are issued longest
+first so the causal triangle does not leave a straggler at the end of the grid.
+"""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from pagoda.kernels.attention_dot import _dot, dot_precision
+
+
+@triton.jit
+def _load_rows(ptrs, pmask, dmask, MASKED: tl.constexpr, EVEN_D: tl.constexpr):
+    """K or V rows; the mask-free load is the common case (interior tiles, head_dim a power of 2)."""
+    if MASKED:
+        return tl.load(ptrs, mask=pmask[:, None] & dmask[None, :], other=0.0)
+    elif EVEN_D:
+        return tl.load(ptrs)
+    else:
+        return tl.load(ptrs, mask=dmask[None, :], other=0.0)
+
+
+@triton.jit
+def _tile(q, k_cache_ptr, v_cache_ptr, table, kv_off, n0, d, dmask, q_pos, seq_len, m, denom, acc,
+          scale_log2, stride_cb, stride_cs,
+          BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+          PRECISION: tl.constexpr):
+    pos = n0 + tl.arange(0, BLOCK_N)
+    pmask = pos < seq_len
+    if MASKED:
+        block = tl.load(table + pos // BLOCK_SIZE, mask=pmask, other=0).to(tl.int64)
+    else:
+        block = tl.load(table + pos // BLOCK_SIZE).to(tl.int64)
+    rows = (block * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_off)[:, None] + d[None, :]
+    k = _load_rows(k_cache_ptr + rows, pmask, dmask, MASKED, EVEN_D)
+    s = _dot(q, tl.trans(k), PRECISION) * scale_log2
+    if MASKED:
+        s = tl.where((pos[None, :] <= q_pos[:, None]) & pmask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    if MASKED:  # a row may see no key in this tile; keep exp2 away from (-inf) - (-inf)
+        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    denom = denom * alpha + tl.sum(p, axis=1)
+    v = _load_rows(v_cache_ptr + rows, pmask, dmask, MASKED, EVEN_D)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION)
+    return m_new, denom, acc
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
+    scale_log2,
+    stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    m_tile = tl.num_programs(0) - 1 - tl.program_id(0)  # longest (last) query tiles first
+    seq = tl.program_id(1)
+    head = tl.program_id(2)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    if m_tile * BLOCK_M < q_len:
+        seq_len = tl.load(seq_lens_ptr + seq)
+        context = seq_len - q_len
+        rows = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        rmask = rows < q_len
+        d = tl.arange(0, BLOCK_D)
+        dmask = d < HEAD_DIM
+        token = (q_start + rows).to(tl.int64)
+        q = tl.load(q_ptr + token[:, None] * stride_qt + head * stride_qh + d[None, :],
+                    mask=rmask[:, None] & dmask[None, :], other=0.0)
+        q_pos = context + rows
+
+        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        denom = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+        kv_off = (head // GROUP) * stride_ch
+        first_pos = context + m_tile * BLOCK_M
+        full_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # every key here is visible to every row
+        end = tl.minimum(seq_len, context + tl.minimum((m_tile + 1) * BLOCK_M, q_len))
+        for n0 in range(0, full_end, BLOCK_N):
+            m, denom, acc = _tile(q, k_cache_ptr, v_cache_ptr, table, kv_off, n0, d, dmask, q_pos,
+                              seq_len, m, denom, acc, scale_log2, stride_cb, stride_cs,
+                              BLOCK_SIZE, BLOCK_N, False, HEAD_DIM == BLOCK_D, PRECISION)
+        for n0 in range(full_end, end, BLOCK_N):
+            m, denom, acc = _tile(q, k_cache_ptr, v_cache_ptr, table, kv_off, n0, d, dmask, q_pos,
+                              seq_len, m, denom, acc, scale_log2, stride_cb, stride_cs,
+                              BLOCK_SIZE, BLOCK_N, True, HEAD_DIM == BLOCK_D, PRECISION)
+        out = acc / tl.where(denom == 0.0, 1.0, denom)[:, None]
+        tl.store(out_ptr + token[:, None] * stride_ot + head * stride_oh + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
+
+
+def default_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> dict:
+    """Tile sizes and launch knobs: first guesses for the H200 (e2e/kernels_gpu.py --sweep ranks the
+    alternatives there); small tiles under the interpreter keep the CPU tests quick."""
+    if device.type != "cuda":
+        return dict(block_m=16, block_n=16, num_warps=1, num_stages=1)
+    if dtype == torch.float32:
+        return dict(block_m=64, block_n=32, num_warps=4, num_stages=2)
+    if head_dim <= 64:
+        return dict(block_m=128, block_n=64, num_warps=4, num_stages=3)
+    return dict(block_m=128, block_n=64, num_warps=8, num_stages=3)
+
+
+def paged_attention_prefill(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+    seq_lens: torch.Tensor,  # [num_seqs] int32, including the new tokens
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
+    scale: float,
+    *,
+    max_query_len: int | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """max_query_len is a launch hint (an upper bound is fine); without it the grid is sized from
+    query_start_loc, which syncs with the host."""
+    num_seqs = seq_lens.shape[0]
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    assert num_heads % num_kv_heads == 0 and block_size & (block_size - 1) == 0 and block_size <= 128
+    assert query.stride(-1) == 1 and k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    if out is None:
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    if max_query_len is None:
+        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max()) if num_seqs else 0
+    if num_seqs == 0 or max_query_len == 0:
+        return out
+    cfg = default_config(head_dim, query.dtype, query.device)
+    block_m = block_m or cfg["block_m"]
+    grid = (triton.cdiv(max_query_len, block_m), num_seqs, num_heads)
+    _prefill_kernel[grid](
+        query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
+        scale * math.log2(math.e),
+        query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size,
+        BLOCK_M=block_m, BLOCK_N=block_n or cfg["block_n"],
+        PRECISION=dot_precision(query),
+        num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
+    )
+    return out

@@ -1,0 +1,229 @@
+"""LLMEngine: the synchronous engine core under both `LLM` and the server.
+
+add_request / abort_request / step. Each step schedules, runs one forward pass, samples, applies
+stops and returns a cumulative RequestOutput for every request that progressed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+
+from pagoda.runtime.engine_args import EngineArgs
+from pagoda.runtime.kv.kv_cache_manager import KVCacheManager
+from pagoda.runtime.memory import MemoryPlan, check_fits, plan_memory
+from pagoda.runtime.model_config import ModelConfig
+from pagoda.runtime.model_loader import resolve_model_path
+from pagoda.runtime.model_runner import ModelRunner
+from pagoda.runtime.output_processor import OutputProcessor
+from pagoda.runtime.outputs import RequestMetrics, RequestOutput
+from pagoda.runtime.request import Request, RequestStatus
+from pagoda.runtime.sampling_params import SamplingParams
+from pagoda.runtime.scheduler import Scheduler
+from pagoda.runtime.tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+CPU_KV_BUDGET_BYTES = 4 * 1024**3  # ceiling for the CPU pool when num_kv_blocks is not given
+
+
+@dataclass(slots=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    kv_capacity_tokens: int
+    num_preemptions: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    prompt_tokens: int
+    generation_tokens: int
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+class LLMEngine:
+    def __init__(self, args: EngineArgs):
+        self.args = args
+        path = resolve_model_path(args.model)
+        self.model_config = ModelConfig.from_path(path, args.dtype, args.max_model_len)
+        self.tokenizer = load_tokenizer(
+            resolve_model_path(args.tokenizer) if args.tokenizer else path, args.chat_template
+        )
+        self.device = resolve_device(args.device)
+        self.runner = ModelRunner(self.model_config, self.device, args.load_format, args.seed)
+        max_len = self.model_config.max_model_len
+        self.max_num_batched_tokens = args.max_num_batched_tokens or max(8192, args.max_num_seqs)
+        self.memory_plan = self._plan_memory()
+        check_fits(self.memory_plan)
+        self.runner.allocate_kv_cache(self.memory_plan.num_kv_blocks, args.block_size)
+        self.kv_cache_manager = KVCacheManager(
+            self.memory_plan.num_kv_blocks, args.block_size, args.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            self.kv_cache_manager, args.max_num_seqs, self.max_num_batched_tokens, max_len
+        )
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.eos_token_id = self.tokenizer.eos_token_id
+        if self.eos_token_id is None and self.model_config.eos_token_ids:
+            self.eos_token_id = self.model_config.eos_token_ids[0]
+        # Further EOS ids from generation_config.json (Llama 3's <|eot_id|>) stop like stop_token_ids.
+        self.extra_eos_ids = [t for t in self.model_config.eos_token_ids if t != self.eos_token_id]
+        self._pending: list[RequestOutput] = []
+        logger.info("memory plan: %s", self.memory_plan.to_dict())
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
+        return cls(args)
+
+    def _plan_memory(self) -> MemoryPlan:
+        args, cfg = self.args, self.model_config
+        common = dict(
+            config=cfg.hf_config,
+            dtype_bytes=cfg.dtype_bytes,
+            max_model_len=cfg.max_model_len,
+            block_size=args.block_size,
+            weight_bytes=self.runner.weight_bytes(),
+        )
+        if self.device.type == "cuda":
+            _, total = torch.cuda.mem_get_info(self.device)
+            activations = self.runner.profile_peak_activation_bytes(
+                self.max_num_batched_tokens, cfg.max_model_len
+            )
+            return plan_memory(
+                total_memory_bytes=total,
+                gpu_memory_utilization=args.gpu_memory_utilization,
+                activation_bytes=activations,
+                num_kv_blocks=args.num_kv_blocks,
+                **common,
+            )
+        plan = plan_memory(total_memory_bytes=_host_memory_bytes(), gpu_memory_utilization=1.0, **common)
+        if args.num_kv_blocks is None:
+            # Enough for every sequence at full length, within a fixed slice of host memory.
+            demand = -(-args.max_num_seqs * cfg.max_model_len // args.block_size)
+            budget = min(CPU_KV_BUDGET_BYTES, plan.usable_bytes // 4) // plan.block_bytes
+            num_blocks = max(min(demand, budget), 1)
+        else:
+            num_blocks = args.num_kv_blocks
+        return plan_memory(
+            total_memory_bytes=_host_memory_bytes(),
+            gpu_memory_utilization=1.0,
+            num_kv_blocks=num_blocks,
+            **common,
+        )
+
+    # ---- requests -------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        params = params or SamplingParams()
+        max_len = self.model_config.max_model_len
+        if request_id in self.output_processor.states:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        if any(not isinstance(t, int) or not 0 <= t < self.model_config.vocab_size for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must be in [0, {self.model_config.vocab_size})")
+        num_prompt = len(prompt_token_ids)
+        max_tokens = params.max_tokens if params.max_tokens is not None else max_len - num_prompt
+        if num_prompt + max(max_tokens, 1) > max_len:
+            raise ValueError(
+                f"this request needs {num_prompt} prompt tokens + {max_tokens} max_tokens = "
+                f"{num_prompt + max_tokens} tokens, more than max_model_len={max_len}; "
+                "shorten the prompt or lower max_tokens"
+            )
+        if self.extra_eos_ids and not params.ignore_eos:
+            params = params.clone(stop_token_ids=params.stop_token_ids + self.extra_eos_ids)
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        children = [
+            Request(
+                request_id=request_id if params.n == 1 else f"{request_id}#{i}",
+                prompt_token_ids=list(prompt_token_ids),
+                sampling_params=params,
+                eos_token_id=self.eos_token_id,
+                max_tokens=max_tokens,
+                block_size=self.args.block_size,
+                parent_id=request_id,
+                index=i,
+                arrival_time=arrival,
+            )
+            for i in range(params.n)
+        ]
+        self.output_processor.add_request(prompt, children, RequestMetrics(arrival_time=arrival))
+        for child in children:
+            self.scheduler.add_request(child)
+
+    def abort_request(self, request_ids: list[str] | str) -> None:
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        now = time.monotonic()
+        for request_id in request_ids:
+            state = self.output_processor.states.get(request_id)
+            if state is None:
+                continue
+            for child in state.children:
+                if not child.is_finished:
+                    self.scheduler.finish_request(child, RequestStatus.FINISHED_ABORTED)
+            self._pending.append(self.output_processor.make_output(request_id, now))
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.output_processor.states) or bool(self._pending)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.output_processor.states)
+
+    # ---- the step -------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        outputs, self._pending = self._pending, []
+        sched = self.scheduler.schedule()
+        if sched.is_empty():
+            return outputs
+        result = self.runner.execute(sched, self.kv_cache_manager)
+        for request_id, entries in result.prompt_logprobs.items():
+            self.output_processor.add_prompt_logprobs(self.scheduler.requests[request_id], entries)
+        updated = self.scheduler.update_from_output(sched, result.sampled)
+        now = time.monotonic()
+        stopped, touched = self.output_processor.process_tokens(updated, result.logprobs, now)
+        for request in stopped:
+            self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED)
+        outputs.extend(self.output_processor.make_output(request_id, now) for request_id in touched)
+        return outputs
+
+    def stats(self) -> EngineStats:
+        kv = self.kv_cache_manager
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_cache_usage=kv.usage(),
+            kv_capacity_tokens=self.memory_plan.kv_capacity_tokens,
+            num_preemptions=self.scheduler.num_preemptions,
+            prefix_cache_queries=kv.prefix_cache_queries,
+            prefix_cache_hits=kv.prefix_cache_hits,
+            prompt_tokens=self.output_processor.prompt_tokens,
+            generation_tokens=self.output_processor.generation_tokens,
+        )
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+
+def _host_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 16 * 1024**3

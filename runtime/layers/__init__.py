@@ -1,0 +1,1 @@
+"""Building blocks of the Llama family, shaped for tensor parallelism (world size 1 for now)."""

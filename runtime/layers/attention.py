@@ -1,0 +1,43 @@
+"""Attention over the paged KV cache: write this step's keys and values, then attend.
+
+The layer owns no batching logic. Where each token goes (slot_mapping) and what each sequence
+sees (block_tables, seq_lens, query_start_loc) come from the AttentionContext, so decode, chunked
+prefill and prefix-cache extension are the same call.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pagoda.kernels import ops
+from pagoda.runtime.attention_context import get_context
+
+
+class Attention(nn.Module):
+    def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float):
+        super().__init__()
+        self.num_heads, self.head_dim, self.num_kv_heads = num_heads, head_dim, num_kv_heads
+        self.scale = scale
+        # Bound by the model runner once the pool is sized: [num_blocks, block_size, kv_heads, dim].
+        self.k_cache = torch.empty(0)
+        self.v_cache = torch.empty(0)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        ctx = get_context()
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        ops.write_kv_cache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+        out = ops.paged_attention(
+            q,
+            self.k_cache,
+            self.v_cache,
+            ctx.block_tables,
+            ctx.seq_lens,
+            ctx.query_start_loc,
+            self.scale,
+            max_query_len=ctx.max_query_len,
+            max_seq_len=ctx.max_seq_len,
+        )
+        return out.reshape(-1, self.num_heads * self.head_dim)

@@ -1,0 +1,92 @@
+"""Linear layers in Megatron's column- and row-parallel shapes.
+
+A column-parallel layer splits its output features across ranks, a row-parallel one its input
+features (followed by an all-reduce). The attention block is column (qkv) then row (o_proj), the
+MLP column (gate_up) then row (down), so a whole block needs one all-reduce per half. Each
+parameter carries a weight_loader that cuts this rank's slice out of a checkpoint tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagoda.runtime.layers.parallel_state import all_reduce, divide, get_tp_rank, get_tp_size
+
+
+class LinearBase(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool, tp_dim: int | None):
+        super().__init__()
+        self.tp_rank, self.tp_size, self.tp_dim = get_tp_rank(), get_tp_size(), tp_dim
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("bias", None)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        if self.tp_dim is not None and self.tp_dim < loaded.dim():
+            size = param.shape[self.tp_dim]
+            loaded = loaded.narrow(self.tp_dim, self.tp_rank * size, size)
+        param.data.copy_(loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ReplicatedLinear(LinearBase):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__(in_features, out_features, bias, tp_dim=None)
+
+
+class ColumnParallelLinear(LinearBase):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__(in_features, divide(out_features, get_tp_size()), bias, tp_dim=0)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel outputs in one matmul (gate and up): shard_id is the part's index."""
+
+    def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False):
+        self.output_sizes = output_sizes
+        super().__init__(in_features, sum(output_sizes), bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int) -> None:
+        offset = divide(sum(self.output_sizes[:shard_id]), self.tp_size)
+        size = divide(self.output_sizes[shard_id], self.tp_size)
+        loaded = loaded.narrow(0, self.tp_rank * size, size)
+        param.data.narrow(0, offset, size).copy_(loaded)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v projections in one matmul; each rank holds its share of the heads of each."""
+
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool):
+        tp = get_tp_size()
+        self.head_dim = head_dim
+        self.num_heads = divide(num_heads, tp)
+        # With more ranks than KV heads, each rank keeps a replica of one KV head.
+        self.num_kv_heads = max(1, num_kv_heads // tp)
+        self.kv_replicas = max(1, tp // num_kv_heads)
+        out = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp
+        super().__init__(hidden_size, out, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        offset, size = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}[shard_id]
+        rank = self.tp_rank if shard_id == "q" else self.tp_rank // self.kv_replicas
+        loaded = loaded.narrow(0, rank * size, size)
+        param.data.narrow(0, offset, size).copy_(loaded)
+
+
+class RowParallelLinear(LinearBase):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__(divide(in_features, get_tp_size()), out_features, bias, tp_dim=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The bias is added once, after the partial sums are reduced.
+        y = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+        return all_reduce(y)

@@ -1,0 +1,63 @@
+"""Rotary position embedding: a cos/sin cache built once, with Llama-3's frequency scaling.
+
+The cache holds cat(cos, sin) of position * inv_freq in float32, computed the way transformers
+computes it, so positions rotate bit-for-bit as in the reference model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from pagoda.kernels import ops
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def default_inv_freq(rotary_dim: int, base: float) -> torch.Tensor:
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    return 1.0 / (base**exponents)
+
+
+def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama 3.1's scheme: keep high frequencies, divide low ones by `factor`, blend in between."""
+    factor = scaling["factor"]
+    low_freq_factor = scaling["low_freq_factor"]
+    high_freq_factor = scaling["high_freq_factor"]
+    old_context_len = scaling["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def build_cos_sin_cache(
+    rotary_dim: int, max_position: int, base: float, scaling: dict | None
+) -> torch.Tensor:
+    rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(f"rope type {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}")
+    inv_freq = default_inv_freq(rotary_dim, base)
+    positions = torch.arange(max_position, dtype=torch.float32)
+    if rope_type == "llama3":
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
+    elif rope_type == "linear":
+        inv_freq = inv_freq / scaling["factor"]
+    freqs = positions[:, None] * inv_freq[None, :]
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, rotary_dim: int, max_position: int, base: float, scaling: dict | None = None):
+        super().__init__()
+        cache = build_cos_sin_cache(rotary_dim, max_position, base, scaling)
+        self.register_buffer("cos_sin_cache", cache, persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        return ops.rotary_embedding(positions, q, k, self.cos_sin_cache)

@@ -1,0 +1,121 @@
+"""ModelConfig: what the engine needs from a checkpoint's config.json, in one place.
+
+It reads the raw JSON (no transformers config classes), so both transformers 4 checkpoints
+(rope_theta + rope_scaling) and 5 ones (rope_parameters) load the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+_DTYPE_NAMES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+}
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    path: Path
+    hf_config: dict
+    architecture: str
+    dtype: str  # "float32", "float16" or "bfloat16"
+    max_model_len: int
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    qkv_bias: bool
+    tie_word_embeddings: bool
+    eos_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @classmethod
+    def from_path(cls, path: Path, dtype: str = "auto", max_model_len: int | None = None) -> ModelConfig:
+        cfg = json.loads((path / "config.json").read_text())
+        archs = cfg.get("architectures") or [""]
+        heads = cfg["num_attention_heads"]
+        rope = dict(cfg.get("rope_parameters") or {})
+        scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+        derived = _derive_max_model_len(cfg, max_model_len)
+        return cls(
+            path=path,
+            hf_config=cfg,
+            architecture=archs[0],
+            dtype=resolve_dtype(dtype, cfg),
+            max_model_len=derived,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            rope_scaling=scaling,
+            qkv_bias=has_qkv_bias(cfg),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            eos_token_ids=_generation_eos_ids(path, cfg),
+        )
+
+
+def has_qkv_bias(cfg: dict) -> bool:
+    return cfg.get("model_type") == "qwen2" or bool(cfg.get("attention_bias", False))
+
+
+def resolve_dtype(dtype: str, cfg: dict) -> str:
+    if dtype == "auto":
+        dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
+    dtype = str(dtype).removeprefix("torch.")
+    if dtype not in _DTYPE_NAMES:
+        raise ValueError(f"dtype must be auto, float32, float16 or bfloat16; got {dtype!r}")
+    return _DTYPE_NAMES[dtype]
+
+
+def _derive_max_model_len(cfg: dict, requested: int | None) -> int:
+    limit = cfg.get("max_position_embeddings", 2048)
+    window = cfg.get("sliding_window")
+    # Sliding-window attention is not implemented: stay within the window, where it is exact.
+    if window and (cfg.get("model_type") == "mistral" or cfg.get("use_sliding_window")):
+        limit = min(limit, window)
+    if requested is None:
+        return limit
+    if requested > limit:
+        raise ValueError(
+            f"max_model_len={requested} is larger than the model allows ({limit}: "
+            "max_position_embeddings, or the sliding window); lower max_model_len"
+        )
+    return requested
+
+
+def _generation_eos_ids(path: Path, cfg: dict) -> list[int]:
+    ids = cfg.get("eos_token_id")
+    gen = path / "generation_config.json"
+    if gen.exists():
+        ids = json.loads(gen.read_text()).get("eos_token_id", ids)
+    if ids is None:
+        return []
+    return [ids] if isinstance(ids, int) else list(ids)

@@ -1,0 +1,139 @@
+"""The Llama family: Llama 2/3, Mistral and Qwen2 (qkv bias, tied embeddings) in one model.
+
+Inputs are flat: every token of every sequence in the step, back to back, with its position.
+Attention learns which sequence a token belongs to from the AttentionContext.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from pagoda.kernels import ops
+from pagoda.runtime.layers.attention import Attention
+from pagoda.runtime.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from pagoda.runtime.layers.norm import RMSNorm
+from pagoda.runtime.layers.parallel_state import divide, get_tp_size
+from pagoda.runtime.layers.rotary import RotaryEmbedding
+from pagoda.runtime.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+from pagoda.runtime.model_config import ModelConfig
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        tp = get_tp_size()
+        self.num_heads = divide(cfg.num_heads, tp)
+        self.num_kv_heads = max(1, cfg.num_kv_heads // tp)
+        self.q_size = self.num_heads * cfg.head_dim
+        self.kv_size = self.num_kv_heads * cfg.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.qkv_bias
+        )
+        self.o_proj = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size)
+        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_model_len, cfg.rope_theta, cfg.rope_scaling)
+        self.attn = Attention(self.num_heads, cfg.head_dim, self.num_kv_heads, cfg.head_dim**-0.5)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(q.shape[0], self.num_heads, -1)
+        k = k.reshape(k.shape[0], self.num_kv_heads, -1)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = LlamaAttention(cfg)
+        self.mlp = LlamaMLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, positions, hidden, residual):
+        # The residual add is fused into each norm: norm(x + residual), with the sum carried on.
+        if residual is None:
+            hidden, residual = self.input_layernorm(hidden), hidden
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    # checkpoint name fragment -> (our fused parameter, shard id)
+    stacked_params = (
+        (".q_proj.", ".qkv_proj.", "q"),
+        (".k_proj.", ".qkv_proj.", "k"),
+        (".v_proj.", ".qkv_proj.", "v"),
+        (".gate_proj.", ".gate_up_proj.", 0),
+        (".up_proj.", ".gate_up_proj.", 1),
+    )
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaModel(cfg)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
+        if cfg.tie_word_embeddings:
+            self.lm_head.tie_to(self.model.embed_tokens)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn.attn for layer in self.model.layers]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        params = dict(self.named_parameters(remove_duplicate=False))
+        loaded = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            for ckpt_part, our_part, shard_id in self.stacked_params:
+                if ckpt_part in name:
+                    target = name.replace(ckpt_part, our_part)
+                    params[target].weight_loader(params[target], tensor, shard_id)
+                    loaded.add(target)
+                    break
+            else:
+                if name not in params:
+                    raise ValueError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}")
+                param = params[name]
+                loader = getattr(param, "weight_loader", None)
+                loader(param, tensor) if loader else param.data.copy_(tensor)
+                loaded.add(name)
+        return loaded

@@ -1,0 +1,93 @@
+"""SamplingParams: how one request is decoded. Same fields, defaults and ranges as vLLM's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Below this, a temperature means greedy decoding (vLLM's threshold).
+SAMPLING_EPS = 1e-5
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # 0 or -1 switch it off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: list[str] | str | None = field(default_factory=list)
+    stop_token_ids: list[int] | None = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    max_tokens: int | None = 16  # None: up to max_model_len
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        else:
+            self.stop = list(self.stop)
+        self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
+        if self.top_k == 0:
+            self.top_k = -1
+        self._validate()
+        if self.temperature < SAMPLING_EPS:
+            # Greedy ignores the truncation knobs; resetting them keeps the sampler's fast path.
+            self.top_p, self.top_k, self.min_p = 1.0, -1, 0.0
+
+    def _validate(self) -> None:
+        def bad(name: str, allowed: str) -> ValueError:
+            return ValueError(f"{name} must be {allowed}, got {getattr(self, name)!r}")
+
+        if not isinstance(self.n, int) or self.n < 1:
+            raise bad("n", "an integer >= 1")
+        if self.temperature < 0.0:
+            raise bad("temperature", "non-negative (0 means greedy)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise bad("top_p", "in (0, 1]")
+        if not isinstance(self.top_k, int) or self.top_k < -1:
+            raise bad("top_k", "-1 or 0 (disabled), or at least 1")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise bad("min_p", "in [0, 1]")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise bad("presence_penalty", "in [-2, 2]")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise bad("frequency_penalty", "in [-2, 2]")
+        if not 0.0 < self.repetition_penalty <= 2.0**31:
+            raise bad("repetition_penalty", "in (0, inf)")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise bad("seed", "an integer or None")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+            raise bad("max_tokens", "an integer >= 1 or None")
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            raise bad("min_tokens", "an integer >= 0")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise bad("min_tokens", f"in [0, max_tokens={self.max_tokens}]")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise bad("logprobs", "None or an integer >= 0")
+        if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
+            raise bad("prompt_logprobs", "None or an integer >= 0")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise bad("stop", "a list of non-empty strings")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise bad("stop_token_ids", "a list of token ids >= 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < SAMPLING_EPS
+
+    def clone(self, **changes) -> SamplingParams:
+        values = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        values["stop"] = list(self.stop)
+        values["stop_token_ids"] = list(self.stop_token_ids)
+        values.update(changes)
+        return SamplingParams(**values)

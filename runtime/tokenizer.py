@@ -1,0 +1,43 @@
+"""Tokenizer loading and chat templates, through transformers' fast tokenizers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def load_tokenizer(path: str | Path, chat_template: str | None = None):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path), use_fast=True)
+    if chat_template is not None:
+        tokenizer.chat_template = _read_template(chat_template)
+    return tokenizer
+
+
+def _read_template(template: str) -> str:
+    """A template is given inline or as a path to a file holding it."""
+    if "{" not in template and Path(template).is_file():
+        return Path(template).read_text()
+    return template
+
+
+def apply_chat_template(
+    tokenizer,
+    messages: list[dict],
+    chat_template: str | None = None,
+    add_generation_prompt: bool = True,
+    **kwargs,
+) -> str:
+    if chat_template is None and tokenizer.chat_template is None:
+        raise ValueError("this tokenizer has no chat template; pass chat_template=")
+    return tokenizer.apply_chat_template(
+        messages,
+        chat_template=_read_template(chat_template) if chat_template else None,
+        add_generation_prompt=add_generation_prompt,
+        tokenize=False,
+        **kwargs,
+    )
+
+
+def encode_prompt(tokenizer, prompt: str, add_special_tokens: bool = True) -> list[int]:
+    return tokenizer.encode(prompt, add_special_tokens=add_special_tokens)

@@ -1,0 +1,40 @@
+"""Helpers shared by the kernel tests (imported by bare name: tests/kernels is on sys.path)."""
+
+import torch
+
+
+def tolerance(dtype: torch.dtype) -> dict:
+    """assert_close tolerances: a couple of ulps of the output dtype (the interpreter rounds
+    float32 to bfloat16 by truncation, so bf16 may sit one ulp off the reference)."""
+    return {
+        torch.float32: dict(rtol=1e-5, atol=1e-5),
+        torch.float16: dict(rtol=2e-3, atol=2e-3),
+        torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2),
+    }[dtype]
+
+
+def paged_inputs(q_lens, seq_lens, num_kv_heads, group, head_dim, block_size, dtype):
+    """Random packed queries and a paged KV cache whose blocks are scattered at random.
+
+    Every cache slot no sequence owns (spare blocks, the tail of each last block) holds NaN, and
+    the unused block-table columns point at a NaN block, so a kernel that reads past seq_len
+    poisons its output instead of passing by luck.
+    """
+    blocks_per_seq = [-(-s // block_size) for s in seq_lens]
+    num_blocks = sum(blocks_per_seq) + 2
+    k_cache = torch.full((num_blocks, block_size, num_kv_heads, head_dim), float("nan"), dtype=dtype)
+    v_cache = k_cache.clone()
+    order = torch.randperm(num_blocks - 1)  # the last block stays NaN for the spare columns
+    block_tables = torch.full((len(seq_lens), max(blocks_per_seq) + 1), num_blocks - 1, dtype=torch.int32)
+    used = 0
+    for s, (seq_len, n) in enumerate(zip(seq_lens, blocks_per_seq)):
+        block_tables[s, :n] = order[used : used + n].int()
+        used += n
+        for cache in (k_cache, v_cache):
+            flat = cache[block_tables[s, :n].long()].view(-1, num_kv_heads, head_dim)
+            flat[:seq_len] = torch.randn(seq_len, num_kv_heads, head_dim).to(dtype)
+            cache[block_tables[s, :n].long()] = flat.view(n, block_size, num_kv_heads, head_dim)
+    query = torch.randn(sum(q_lens), num_kv_heads * group, head_dim).to(dtype)
+    query_start_loc = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    seq_lens = torch.tensor(seq_lens, dtype=torch.int32)
+    return query, k_cache, v_cache, block_tables, seq_lens, query_start_loc
