@@ -1,0 +1,92 @@
+"""`pagoda plan MODEL --gpu-memory-gib N`: the engine's start-up memory arithmetic, before any GPU.
+
+It reads config.json only (a folder holding it, or the file itself), so it answers for checkpoints
+that are not downloaded yet; the operator runs it with --json to size replicas. The numbers come
+from pagoda.runtime.memory, the same functions the engine calls at start-up. Activations are
+measured on the GPU at start-up; here they are left out unless --activation-gib gives them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+GIB = 1024**3
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="checkpoint folder holding config.json, or the config.json file itself (no weights needed)")
+    p.add_argument("--gpu-memory-gib", type=float, required=True, help="memory of one GPU, in GiB")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="fraction of GPU memory the engine may use (default: 0.9)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="longest sequence in tokens (default: from config.json)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float16", "bfloat16", "float32"],
+                   help="weight and KV dtype (default: auto, from config.json)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
+    p.add_argument("--activation-gib", type=float, default=0.0,
+                   help="memory to reserve for peak activations, in GiB (default: 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (for the operator)")
+
+
+def config_dir(model: str) -> Path:
+    path = Path(model)
+    if path.is_file() and path.name == "config.json":
+        return path.parent
+    if (path / "config.json").is_file():
+        return path
+    raise FileNotFoundError(f"no config.json at {model}: pass a checkpoint folder or its config.json")
+
+
+def make_plan(model: str, gpu_memory_gib: float, gpu_memory_utilization: float = 0.9,
+              max_model_len: int | None = None, dtype: str = "auto", block_size: int = 16,
+              activation_gib: float = 0.0) -> dict:
+    from pagoda.runtime.memory import count_parameters, plan_memory
+    from pagoda.runtime.model_config import DTYPE_BYTES, ModelConfig
+
+    mc = ModelConfig.from_path(config_dir(model), dtype=dtype, max_model_len=max_model_len)
+    hf_config, resolved_dtype, max_len = mc.hf_config, mc.dtype, mc.max_model_len
+    dtype_bytes = DTYPE_BYTES[resolved_dtype]
+    plan = plan_memory(hf_config, dtype_bytes, int(gpu_memory_gib * GIB), gpu_memory_utilization, max_len,
+                       block_size=block_size, activation_bytes=int(activation_gib * GIB))
+    result = plan.to_dict()
+    result.update(
+        model=str(model),
+        dtype=resolved_dtype,
+        num_parameters=count_parameters(hf_config),
+        gpu_memory_bytes=int(gpu_memory_gib * GIB),
+        gpu_memory_utilization=gpu_memory_utilization,
+    )
+    return result
+
+
+def format_plan(r: dict) -> str:
+    fits = "yes" if r["fits"] else "NO: not even one max_model_len sequence fits"
+    lines = [
+        f"model                   {r['model']} ({r['num_parameters'] / 1e9:.3f} B parameters, {r['dtype']})",
+        f"GPU memory              {r['gpu_memory_bytes'] / GIB:.2f} GiB x {r['gpu_memory_utilization']} "
+        f"= {r['usable_bytes'] / GIB:.2f} GiB usable",
+        f"weights                 {r['weight_bytes'] / GIB:.3f} GiB ({r['weight_bytes']} bytes)",
+        f"activations (reserved)  {r['activation_bytes'] / GIB:.3f} GiB",
+        f"KV cache per token      {r['kv_bytes_per_token']} bytes ({r['kv_bytes_per_token'] / 1024:.1f} KiB)",
+        f"KV blocks               {r['num_kv_blocks']} x {r['block_size']} tokens "
+        f"({r['block_bytes']} bytes each)",
+        f"tokens that fit         {r['kv_capacity_tokens']}",
+        f"max_model_len           {r['max_model_len']}",
+        f"worst-case concurrency  {r['max_concurrent_seqs']} sequences of max_model_len",
+        f"fits                    {fits}",
+    ]
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    try:
+        result = make_plan(args.model, args.gpu_memory_gib, args.gpu_memory_utilization, args.max_model_len,
+                           args.dtype, args.block_size, args.activation_gib)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"pagoda plan: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2) if args.json else format_plan(result))
+    return 0 if result["fits"] else 1

@@ -1,0 +1,147 @@
+"""Prometheus metrics: vLLM's set under the `pagoda:` prefix, each with a `model_name` label.
+
+Two sources feed them. Gauges and the engine's own counters (preemptions, prefix cache) come from
+the latest `EngineStats` snapshot, read at scrape time by a custom collector. Token counters and
+latency histograms are computed here from the outputs that the engine client hands to the HTTP side,
+so `prompt_tokens` and `generation_tokens` count exactly the tokens that were served.
+
+Each app gets its own CollectorRegistry, so that tests can run several servers in one process.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+PREFIX = "pagoda:"
+
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+               5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
+REQUEST_BUCKETS = [0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+                   40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+
+
+@dataclass(slots=True)
+class _RequestTimes:
+    arrival_time: float
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    num_generation_tokens: int = 0
+
+
+class _SnapshotCollector:
+    """Reads the engine client's latest EngineStats at scrape time."""
+
+    def __init__(self, model_name: str, stats_source):
+        self.model_name = model_name
+        self.stats_source = stats_source
+
+    def _gauge(self, name, doc, value):
+        g = GaugeMetricFamily(PREFIX + name, doc, labels=["model_name"])
+        g.add_metric([self.model_name], float(value))
+        return g
+
+    def _counter(self, name, doc, value):
+        c = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+        c.add_metric([self.model_name], float(value))
+        return c
+
+    def describe(self):
+        return self.collect(empty=True)
+
+    def collect(self, empty: bool = False):
+        snap = {} if empty else self.stats_source()
+        get = snap.get
+        yield self._gauge("num_requests_running", "Requests in the running batch.", get("num_running", 0))
+        yield self._gauge("num_requests_waiting", "Requests waiting to be scheduled.", get("num_waiting", 0))
+        yield self._gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0..1).",
+                          get("kv_cache_usage", 0.0))
+        yield self._gauge("kv_cache_capacity_tokens", "Tokens the KV cache of this replica holds.",
+                          get("kv_capacity_tokens", 0))
+        yield self._counter("num_preemptions", "Preempted requests (recomputed later).",
+                            get("num_preemptions", 0))
+        yield self._counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                            get("prefix_cache_queries", 0))
+        yield self._counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                            get("prefix_cache_hits", 0))
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str, stats_source, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        self.model_name = model_name
+        label = ["model_name"]
+        r = self.registry
+        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens served.", label, registry=r)
+        self.generation_tokens = Counter(PREFIX + "generation_tokens", "Generated tokens served.", label,
+                                         registry=r)
+        self.request_success = Counter(PREFIX + "request_success", "Finished requests, by finish reason.",
+                                       label + ["finished_reason"], registry=r)
+        self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Time to first token.", label,
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.itl = Histogram(PREFIX + "inter_token_latency_seconds", "Time between output steps.", label,
+                             buckets=ITL_BUCKETS, registry=r)
+        self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "Arrival to finish.", label,
+                             buckets=REQUEST_BUCKETS, registry=r)
+        self.queue_time = Histogram(PREFIX + "request_queue_time_seconds", "Arrival to first scheduled.",
+                                    label, buckets=REQUEST_BUCKETS, registry=r)
+        r.register(_SnapshotCollector(model_name, stats_source))
+        self._requests: dict[str, _RequestTimes] = {}
+        # Label children are looked up once: .labels() costs a lock and a dict lookup per call.
+        self._prompt_tokens = self.prompt_tokens.labels(model_name)
+        self._generation_tokens = self.generation_tokens.labels(model_name)
+        self._ttft = self.ttft.labels(model_name)
+        self._itl = self.itl.labels(model_name)
+        self._e2e = self.e2e.labels(model_name)
+        self._queue_time = self.queue_time.labels(model_name)
+
+    def on_arrival(self, request_id: str, arrival_time: float | None = None) -> None:
+        self._requests[request_id] = _RequestTimes(arrival_time or time.monotonic())
+
+    def on_output(self, output, now: float) -> None:
+        """Called on the event loop for every RequestOutput the engine returns."""
+        req = self._requests.get(output.request_id)
+        if req is None:
+            return
+        total = sum(len(c.token_ids) for c in output.outputs)
+        new_tokens = total - req.num_generation_tokens
+        if new_tokens > 0:
+            if req.first_token_time is None:
+                req.first_token_time = now
+                self._prompt_tokens.inc(len(output.prompt_token_ids or ()))
+                self._ttft.observe(now - req.arrival_time)
+                scheduled = getattr(getattr(output, "metrics", None), "first_scheduled_time", None)
+                self._queue_time.observe(max(0.0, (scheduled or now) - req.arrival_time))
+            else:
+                self._itl.observe(now - req.last_token_time)
+            req.last_token_time = now
+            req.num_generation_tokens = total
+            self._generation_tokens.inc(new_tokens)
+        if output.finished:
+            self._finish(output.request_id, _finish_reason(output), now)
+
+    def forget(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+
+    def on_abort(self, request_id: str) -> None:
+        if request_id in self._requests:
+            self._finish(request_id, "abort", time.monotonic())
+
+    def _finish(self, request_id: str, reason: str, now: float) -> None:
+        req = self._requests.pop(request_id)
+        self.request_success.labels(self.model_name, reason).inc()
+        self._e2e.observe(now - req.arrival_time)
+
+
+def _finish_reason(output) -> str:
+    reasons = [c.finish_reason for c in output.outputs if c.finish_reason]
+    if "abort" in reasons:
+        return "abort"
+    if "length" in reasons:
+        return "length"
+    return reasons[0] if reasons else "stop"

@@ -1,0 +1,100 @@
+"""/metrics: DESIGN.md's set under `pagoda:` with a model_name label, moving correctly under load."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import openai
+from prometheus_client.parser import text_string_to_metric_families
+
+from .live import MODEL
+
+GAUGES = ["num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "kv_cache_capacity_tokens"]
+COUNTERS = ["prompt_tokens", "generation_tokens", "num_preemptions", "prefix_cache_queries",
+            "prefix_cache_hits", "request_success"]
+HISTOGRAMS = ["time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
+              "request_queue_time_seconds"]
+
+
+def scrape(server) -> dict[str, float]:
+    """Samples by name (plus finished_reason for request_success), summed over other labels."""
+    resp = httpx.get(server.base_url + "/metrics")
+    assert resp.status_code == 200
+    values: dict[str, float] = {}
+    for fam in text_string_to_metric_families(resp.text):
+        for s in fam.samples:
+            if not s.name.startswith("pagoda:"):
+                continue
+            assert s.labels.get("model_name") == MODEL, s
+            key = s.name
+            if "finished_reason" in s.labels:
+                key += "{" + s.labels["finished_reason"] + "}"
+            if "le" in s.labels:
+                continue
+            values[key] = values.get(key, 0.0) + s.value
+    return values
+
+
+def test_exposition_has_the_design_set(server):
+    resp = httpx.get(server.base_url + "/metrics")
+    assert resp.headers["content-type"].startswith("text/plain")
+    kinds = {fam.name: fam.type for fam in text_string_to_metric_families(resp.text)}
+    for name in GAUGES:
+        assert kinds["pagoda:" + name] == "gauge"
+    for name in COUNTERS:
+        assert kinds["pagoda:" + name] == "counter"
+    for name in HISTOGRAMS:
+        assert kinds["pagoda:" + name] == "histogram"
+    values = scrape(server)
+    assert values["pagoda:kv_cache_capacity_tokens"] == server.client.engine.memory_plan.kv_capacity_tokens
+
+
+def test_metrics_move_under_load(queue_server, cycle_model):
+    """max_num_seqs=1: requests queue up, and the waiting gauge shows it while they do."""
+    queue_server.wait_idle()
+    before = scrape(queue_server)
+    client = openai.OpenAI(base_url=queue_server.v1, api_key="x", max_retries=0)
+    jobs = [(cycle_model.letters, 40), (cycle_model.euro, 30), (cycle_model.letters[:2], 25)]
+    results: list = [None] * len(jobs)
+
+    def run(i):
+        prompt, max_tokens = jobs[i]
+        results[i] = client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    threads[0].start()  # the first runs; max_queue_len=2 leaves room for the other two to wait
+    while queue_server.stats()["num_running"] == 0:
+        time.sleep(0.005)
+    for t in threads[1:]:
+        t.start()
+    peak_waiting, peak_running, peak_usage = 0.0, 0.0, 0.0
+    while any(t.is_alive() for t in threads):
+        now = scrape(queue_server)
+        peak_waiting = max(peak_waiting, now["pagoda:num_requests_waiting"])
+        peak_running = max(peak_running, now["pagoda:num_requests_running"])
+        peak_usage = max(peak_usage, now["pagoda:kv_cache_usage_perc"])
+        time.sleep(0.01)
+    for t in threads:
+        t.join()
+    queue_server.wait_idle()
+    after = scrape(queue_server)
+
+    def delta(name):
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert peak_waiting >= 1 and peak_running == 1 and peak_usage > 0
+    assert after["pagoda:num_requests_waiting"] == 0 and after["pagoda:num_requests_running"] == 0
+    assert after["pagoda:kv_cache_usage_perc"] == 0
+    # The token counters equal the tokens served.
+    assert delta("pagoda:prompt_tokens_total") == sum(r.usage.prompt_tokens for r in results)
+    assert delta("pagoda:generation_tokens_total") == sum(r.usage.completion_tokens for r in results)
+    assert delta("pagoda:request_success_total{length}") == len(jobs)
+    # One observation per request, and one inter-token gap per token after the first.
+    for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds"):
+        assert delta(f"pagoda:{name}_count") == len(jobs), name
+        assert delta(f"pagoda:{name}_sum") > 0, name
+    assert delta("pagoda:inter_token_latency_seconds_count") == sum(r.usage.completion_tokens - 1 for r in results)
+    # The engine's own counters come through too.
+    assert delta("pagoda:prefix_cache_queries_total") >= sum(r.usage.prompt_tokens for r in results)
