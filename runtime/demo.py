@@ -46,14 +46,15 @@ Pagoda is serving {model_name} at {base}/v1
 {banner}
 Try it with curl:
 
-curl -s {base}/v1/chat/completions -H 'Content-Type: application/json' -d '{{"model": "{model_name}", "messages": [{{"role": "user", "content": "Hello!"}}], "max_tokens": 32}}'
+curl -s {base}/v1/completions -H 'Content-Type: application/json' -d '{{"model": "{model_name}", "prompt": "def fibonacci(n):", "max_tokens": 48, "temperature": 0}}'
 
 Or with the OpenAI Python client (pip install openai):
 
 python - <<'EOF'
 from openai import OpenAI
 client = OpenAI(base_url="{base}/v1", api_key="unused")
-reply = client.chat.completions.create(model="{model_name}", messages=[{{"role": "user", "content": "Hello!"}}], max_tokens=32)
+reply = client.chat.completions.create(model="{model_name}", max_tokens=64, temperature=0,
+    messages=[{{"role": "user", "content": "Return the n-th Fibonacci number."}}])
 print(reply.choices[0].message.content)
 EOF
 
