@@ -59,9 +59,17 @@ class LLMEngine:
             resolve_model_path(args.tokenizer) if args.tokenizer else path, args.chat_template
         )
         self.device = resolve_device(args.device)
-        self.runner = ModelRunner(self.model_config, self.device, args.load_format, args.seed)
         max_len = self.model_config.max_model_len
         self.max_num_batched_tokens = args.max_num_batched_tokens or max(8192, args.max_num_seqs)
+        self.runner = ModelRunner(
+            self.model_config,
+            self.device,
+            args.load_format,
+            args.seed,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            enforce_eager=args.enforce_eager,
+        )
         self.memory_plan = self._plan_memory()
         check_fits(self.memory_plan)
         self.runner.allocate_kv_cache(self.memory_plan.num_kv_blocks, args.block_size)

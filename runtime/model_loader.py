@@ -47,7 +47,11 @@ def iter_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
         files = sorted(p.name for p in path.glob("*.safetensors"))
     if not files:
         raise ValueError(f"no *.safetensors files in {path}; Pagoda loads safetensors checkpoints only")
-    for name in files:
+    from tqdm.auto import tqdm
+
+    # One bar over the shards: an 8B checkpoint takes long enough that the user should see it move.
+    # Quiet when stderr is not a terminal (tests, Kubernetes logs keep the start-up log line).
+    for name in tqdm(files, desc="Loading safetensors shards", unit="shard", disable=None):
         with safe_open(path / name, framework="pt") as f:
             for key in f.keys():
                 yield key, f.get_tensor(key)

@@ -1,10 +1,11 @@
 """ModelRunner: owns the model and its KV cache, and turns a SchedulerOutput into sampled tokens.
 
-Per step it flattens the scheduled requests into one batch (input_ids, positions, slot_mapping,
-block_tables, seq_lens, query_start_loc), runs the model under the attention context, computes
-logits only for rows that end a request's known tokens (plus prompt rows asked for prompt
-logprobs), and samples. Tensors are built on the host and copied once; a CUDA-graph path will
-replace that with persistent buffers without changing this interface.
+Per step the BatchBuilder writes the scheduled requests' inputs (input_ids, positions,
+slot_mapping, block_tables, seq_lens, query_start_loc) into persistent buffers with one host to
+device copy. A decode step (one token per request) is padded to a captured batch size and
+replayed as a CUDA graph; any other step runs eagerly over views of the same buffers. Logits are
+computed only for rows that end a request's known tokens (plus prompt rows asked for prompt
+logprobs), and the sampler reads back nothing but the sampled ids.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pagoda.kernels import ops
 from pagoda.runtime.attention_context import AttentionContext, attention_context
+from pagoda.runtime.cuda_graphs import DecodeGraphs, capture_sizes, padded_size
+from pagoda.runtime.input_batch import BatchBuilder, InputBuffers, StepBatch
 from pagoda.runtime.kv.kv_cache_manager import KVCacheManager
 from pagoda.runtime.model_config import ModelConfig
 from pagoda.runtime.model_loader import TORCH_DTYPES, load_model
@@ -33,15 +37,33 @@ class ModelRunnerOutput:
 
 
 class ModelRunner:
-    def __init__(self, model_config: ModelConfig, device: torch.device, load_format: str, seed: int):
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        device: torch.device,
+        load_format: str,
+        seed: int,
+        *,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        enforce_eager: bool = False,
+    ):
         self.model_config = model_config
         self.device = device
         self.dtype = TORCH_DTYPES[model_config.dtype]
         torch.manual_seed(seed)
         self.model = load_model(model_config, device, load_format, seed)
         self.sampler = Sampler(model_config.vocab_size, device, seed)
+        self.max_num_seqs = max_num_seqs
+        self.max_num_tokens = max(max_num_batched_tokens, max_num_seqs)
+        self.enforce_eager = enforce_eager
+        # Decode batches are padded to these sizes; on CUDA each one is a captured graph.
+        self.graph_sizes = [] if enforce_eager else capture_sizes(max_num_seqs)
         self.kv_cache: torch.Tensor | None = None
         self.block_size = 16
+        self.buffers: InputBuffers | None = None
+        self.builder: BatchBuilder | None = None
+        self.graphs: DecodeGraphs | None = None
 
     def weight_bytes(self) -> int:
         seen, total = set(), 0
@@ -51,7 +73,7 @@ class ModelRunner:
                 total += p.numel() * p.element_size()
         return total
 
-    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> None:
+    def _bind_kv_cache(self, num_blocks: int, block_size: int) -> None:
         cfg = self.model_config
         layers = self.model.attention_layers()
         kv_heads = layers[0].num_kv_heads
@@ -61,102 +83,130 @@ class ModelRunner:
         for i, layer in enumerate(layers):
             layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
 
+    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> None:
+        """Bind the pool, make the persistent input buffers and, on CUDA, capture the graphs."""
+        self._bind_kv_cache(num_blocks, block_size)
+        max_len = self.model_config.max_model_len
+        max_blocks = -(-max_len // block_size)
+        self.buffers = InputBuffers(self.max_num_tokens, self.max_num_seqs, max_blocks, self.device)
+        self.builder = BatchBuilder(self.buffers, block_size)
+        if self.graph_sizes:
+            self.graphs = DecodeGraphs(self.model, self.buffers, self.graph_sizes, max_len)
+            if self.device.type == "cuda":
+                self.graphs.capture()
+
     @torch.inference_mode()
     def profile_peak_activation_bytes(self, num_tokens: int, max_model_len: int) -> int:
-        """Run one forward of num_tokens (in sequences of at most max_model_len) on a scratch KV
-        cache, and return the peak memory it needed beyond the weights and that cache."""
+        """Run one forward of num_tokens (in sequences of at most max_model_len) and a worst-case
+        sampling of max_num_seqs rows on a scratch KV cache, and return the peak memory they
+        needed beyond the weights and that cache. With CUDA graphs, add the peak of a decode
+        forward at the largest bucket: the graphs keep that much in their own pool."""
         if self.device.type != "cuda":
             return 0
+        dev = self.device
         seq_len = min(num_tokens, max_model_len)
         num_seqs = -(-num_tokens // seq_len)
         blocks_per_seq = -(-seq_len // 16)
-        self.allocate_kv_cache(num_seqs * blocks_per_seq, 16)
+        self._bind_kv_cache(num_seqs * blocks_per_seq, 16)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        ids = torch.zeros(num_seqs * seq_len, dtype=torch.long, device=self.device)
-        positions = torch.arange(seq_len, device=self.device).repeat(num_seqs)
-        tables = torch.arange(num_seqs * blocks_per_seq, dtype=torch.int32, device=self.device)
+        ids = torch.zeros(num_seqs * seq_len, dtype=torch.long, device=dev)
+        positions = torch.arange(seq_len, device=dev).repeat(num_seqs)
+        tables = torch.arange(num_seqs * blocks_per_seq, dtype=torch.int32, device=dev)
         ctx = AttentionContext(
-            slot_mapping=torch.arange(num_seqs * seq_len, device=self.device)
+            slot_mapping=torch.arange(num_seqs * seq_len, device=dev)
             .view(num_seqs, seq_len)
-            .add(torch.arange(num_seqs, device=self.device)[:, None] * (blocks_per_seq * 16 - seq_len))
+            .add(torch.arange(num_seqs, device=dev)[:, None] * (blocks_per_seq * 16 - seq_len))
             .flatten(),
             block_tables=tables.view(num_seqs, blocks_per_seq),
-            seq_lens=torch.full((num_seqs,), seq_len, dtype=torch.int32, device=self.device),
-            query_start_loc=torch.arange(0, num_seqs + 1, dtype=torch.int32, device=self.device) * seq_len,
+            seq_lens=torch.full((num_seqs,), seq_len, dtype=torch.int32, device=dev),
+            query_start_loc=torch.arange(0, num_seqs + 1, dtype=torch.int32, device=dev) * seq_len,
             max_query_len=seq_len,
             max_seq_len=seq_len,
         )
         with attention_context(ctx):
             hidden = self.model(ids, positions)
-            self.model.compute_logits(hidden[-num_seqs:])
+        rows = torch.arange(self.max_num_seqs, device=dev) % hidden.shape[0]
+        self._profile_sampling(self.model.compute_logits(hidden[rows]))
+        del hidden
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
+        graph_peak = self._profile_decode(max_model_len) if self.graph_sizes else 0
         self.kv_cache = None
         for layer in self.model.attention_layers():
             layer.k_cache = layer.v_cache = torch.empty(0)
         torch.cuda.empty_cache()
-        return int(peak)
+        logger.info("profiled activations: %.0f MiB eager, %.0f MiB for decode graphs",
+                    peak / 2**20, graph_peak / 2**20)
+        return int(peak + graph_peak)
+
+    def _profile_sampling(self, logits: torch.Tensor) -> None:
+        n, dev = logits.shape[0], logits.device
+        ops.sample(
+            logits,
+            torch.ones(n, device=dev),
+            torch.full((n,), 50, dtype=torch.int64, device=dev),
+            torch.full((n,), 0.9, device=dev),
+            torch.full((n,), 0.05, device=dev),
+            torch.zeros(n, dtype=torch.int64, device=dev),
+            torch.zeros(n, dtype=torch.int64, device=dev),
+            need_cutoffs=True,
+        )
+
+    def _profile_decode(self, max_model_len: int) -> int:
+        size, dev = self.graph_sizes[-1], self.device
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        ctx = AttentionContext(
+            slot_mapping=torch.full((size,), -1, dtype=torch.long, device=dev),
+            block_tables=torch.zeros(size, 1, dtype=torch.int32, device=dev),
+            seq_lens=torch.zeros(size, dtype=torch.int32, device=dev),
+            query_start_loc=torch.arange(size + 1, dtype=torch.int32, device=dev),
+            max_query_len=1,
+            max_seq_len=max_model_len,
+        )
+        with attention_context(ctx):
+            self.model(torch.zeros(size, dtype=torch.long, device=dev), torch.zeros_like(ctx.slot_mapping))
+        torch.cuda.synchronize()
+        return int(torch.cuda.max_memory_allocated() - base)
+
+    def _forward(self, sched: SchedulerOutput, kv: KVCacheManager) -> tuple[StepBatch, torch.Tensor]:
+        num_seqs = len(sched.scheduled)
+        is_decode = sched.total_num_tokens == num_seqs  # one query token per request
+        pad = padded_size(num_seqs, self.graph_sizes) if is_decode and self.graphs else None
+        batch = self.builder.build(sched, kv, pad)
+        if pad is not None:
+            return batch, self.graphs.run(pad)
+        b, t, s = self.buffers, batch.num_tokens, batch.num_seqs
+        ctx = AttentionContext(
+            slot_mapping=b.slot_mapping[:t],
+            block_tables=b.block_tables[:s],
+            seq_lens=b.seq_lens[:s],
+            query_start_loc=b.query_start_loc[: s + 1],
+            max_query_len=batch.max_query_len,
+            max_seq_len=batch.max_seq_len,
+        )
+        with attention_context(ctx):
+            return batch, self.model(b.input_ids[:t], b.positions[:t])
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput, kv: KVCacheManager) -> ModelRunnerOutput:
-        bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slot_mapping: list[int] = []
-        tables: list[list[int]] = []
-        seq_lens: list[int] = []
-        query_start_loc = [0]
-        logits_rows: list[int] = []
-        to_sample: list[Request] = []
-        prompt_rows: list[tuple[Request, int, int, int]] = []  # request, first row, target token span
-        for item in sched.scheduled:
-            r, start = item.request, item.request.num_computed_tokens
-            end = start + item.num_tokens
-            block_ids = kv.get_block_ids(r.request_id)
-            input_ids += r.token_ids_slice(start, end)
-            positions += range(start, end)
-            slot_mapping += [block_ids[p // bs] * bs + p % bs for p in range(start, end)]
-            tables.append(block_ids)
-            seq_lens.append(end)
-            row0 = query_start_loc[-1]
-            query_start_loc.append(row0 + item.num_tokens)
-            if end == r.num_tokens:
-                logits_rows.append(query_start_loc[-1] - 1)
-                to_sample.append(r)
-            if r.wants_prompt_logprobs:
-                # Row p predicts prompt token p + 1; take the ones not reported yet.
-                first = max(start + 1, 1 + len(r.prompt_logprobs))
-                last = min(end + 1, r.num_prompt_tokens)
-                if first < last:
-                    prompt_rows.append((r, row0 + first - 1 - start, first, last))
-
-        dev = self.device
-        width = max(len(t) for t in tables)
-        block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
-        ctx = AttentionContext(
-            slot_mapping=torch.tensor(slot_mapping, dtype=torch.long).to(dev, non_blocking=True),
-            block_tables=block_tables.to(dev, non_blocking=True),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(dev, non_blocking=True),
-            query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32).to(dev, non_blocking=True),
-            max_query_len=max(s.num_tokens for s in sched.scheduled),
-            max_seq_len=max(seq_lens),
-        )
-        ids = torch.tensor(input_ids, dtype=torch.long).to(dev, non_blocking=True)
-        pos = torch.tensor(positions, dtype=torch.long).to(dev, non_blocking=True)
-        with attention_context(ctx):
-            hidden = self.model(ids, pos)
-
+        batch, hidden = self._forward(sched, kv)
         out = ModelRunnerOutput()
+        to_sample = batch.sample_requests
         if to_sample:
-            logits = self.model.compute_logits(hidden[torch.tensor(logits_rows, device=dev)])
-            sampled = self.sampler(logits, to_sample)
+            if batch.sample_all_rows:
+                rows = hidden[: batch.num_seqs]
+            else:
+                rows = hidden[self.buffers.logits_indices[: len(to_sample)]]
+            sampled = self.sampler(self.model.compute_logits(rows), to_sample)
             for r, token, lp in zip(to_sample, sampled.token_ids, sampled.logprobs):
                 out.sampled[r.request_id] = token
                 if lp is not None:
                     out.logprobs[r.request_id] = lp
-        for r, row, first, last in prompt_rows:
+        for r, row, first, last in batch.prompt_rows:
             out.prompt_logprobs[r.request_id] = self._prompt_logprobs(hidden, r, row, first, last)
         return out
 

@@ -1,17 +1,22 @@
 """Sampler: from the last position's logits to the next token of each request, vLLM's way.
 
 Order of operations: raw logprobs (before any processing, as vLLM reports them), min_tokens
-masking, penalties, then greedy argmax, or temperature, min-p, top-k/top-p and a draw. A draw is
-argmax(probs / q) with q ~ Exp(1); a seeded request draws q from its own generator, so its tokens
-do not depend on what else shares the batch.
+masking, penalties, then greedy argmax, or temperature, min-p, top-k, top-p and a draw by
+pagoda.kernels.ops.sample (Triton on the GPU). A draw is counter-based: each row's uniforms come
+from its own seed and its output-token count, so its tokens never depend on what else shares the
+batch, and the batch's parameters are host-side facts, so nothing waits on the GPU until the
+sampled ids are read. A seeded request uses seed + index (n > 1 children differ, as in vLLM V1);
+an unseeded one gets a seed from the engine's generator the first time it samples.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import torch
 
+from pagoda.kernels import ops
 from pagoda.runtime.request import Request
 
 
@@ -54,48 +59,54 @@ class Sampler:
     def __init__(self, vocab_size: int, device: torch.device, seed: int = 0):
         self.vocab_size = vocab_size
         self.device = device
-        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.rng = random.Random(seed)
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
-        logits = logits.float()
         params = [r.sampling_params for r in requests]
-        want_logprobs = [p.logprobs is not None for p in params]
-        raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
-        logits = self._mask_stops_before_min_tokens(logits.clone(), requests)
-        logits = self._apply_penalties(logits, requests)
+        logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+        raw_logprobs = None
+        if logprob_rows:
+            raw_logprobs = torch.log_softmax(logits[logprob_rows].float(), dim=-1)
+        masked = [i for i, r in enumerate(requests) if r.num_output_tokens < r.sampling_params.min_tokens]
+        penalized = any(
+            p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+            for p in params
+        )
+        if masked or penalized:
+            logits = logits.float().clone()
+            self._mask_stops_before_min_tokens(logits, requests, masked)
+            if penalized:
+                logits = self._apply_penalties(logits, requests)
 
-        greedy = torch.tensor([p.greedy for p in params], device=logits.device)
-        tokens = logits.argmax(dim=-1)
-        if not bool(greedy.all()):
-            tokens = torch.where(greedy, tokens, self._sample(logits, requests))
+        if all(p.greedy for p in params):
+            tokens = logits.argmax(dim=-1)  # exact on bf16 too: widening to fp32 keeps the order
+        else:
+            tokens = self._sample(logits, requests)
 
         logprobs: list[TokenLogprobs | None] = [None] * len(requests)
         if raw_logprobs is not None:
-            rows = [i for i, w in enumerate(want_logprobs) if w]
-            gathered = gather_logprobs(raw_logprobs[rows], tokens[rows], [params[i].logprobs for i in rows])
-            for i, tl in zip(rows, gathered):
+            gathered = gather_logprobs(
+                raw_logprobs, tokens[logprob_rows], [params[i].logprobs for i in logprob_rows]
+            )
+            for i, tl in zip(logprob_rows, gathered):
                 logprobs[i] = tl
-        return SamplerOutput(tokens.tolist(), logprobs)
+        return SamplerOutput(tokens.tolist(), logprobs)  # the step's one wait on the GPU
 
-    def _mask_stops_before_min_tokens(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        for i, r in enumerate(requests):
+    def _mask_stops_before_min_tokens(
+        self, logits: torch.Tensor, requests: list[Request], rows: list[int]
+    ) -> None:
+        for i in rows:
+            r = requests[i]
             p = r.sampling_params
-            if r.num_output_tokens < p.min_tokens:
-                stop_ids = list(p.stop_token_ids)
-                if r.eos_token_id is not None and not p.ignore_eos:
-                    stop_ids.append(r.eos_token_id)
-                stop_ids = [t for t in stop_ids if t < logits.shape[1]]
-                if stop_ids:
-                    logits[i, stop_ids] = float("-inf")
-        return logits
+            stop_ids = list(p.stop_token_ids)
+            if r.eos_token_id is not None and not p.ignore_eos:
+                stop_ids.append(r.eos_token_id)
+            stop_ids = [t for t in stop_ids if t < logits.shape[1]]
+            if stop_ids:
+                logits[i, stop_ids] = float("-inf")
 
     def _apply_penalties(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         params = [r.sampling_params for r in requests]
-        if all(
-            p.repetition_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
-            for p in params
-        ):
-            return logits
         vocab = logits.shape[1]
         dev = logits.device
 
@@ -118,38 +129,44 @@ class Sampler:
         pres = torch.tensor([p.presence_penalty for p in params], device=dev)[:, None]
         return logits - freq * output_counts - pres * output_mask
 
+    def _seed(self, r: Request) -> int:
+        if r.sampling_params.seed is not None:
+            return (r.sampling_params.seed + r.index) % 2**63
+        if r.generator is None:  # the request's own seed, kept across steps and preemptions
+            r.generator = self.rng.getrandbits(63)
+        return r.generator
+
     def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         params = [r.sampling_params for r in requests]
-        dev = logits.device
-        temp = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=dev)
-        logits = logits / temp[:, None]
-
-        min_p = torch.tensor([p.min_p for p in params], device=dev)
-        if bool((min_p > 0).any()):
-            probs = logits.softmax(dim=-1)
-            threshold = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
-            logits = logits.masked_fill(probs < threshold, float("-inf"))
-
-        top_k = [p.top_k if p.top_k > 0 else self.vocab_size for p in params]
-        top_p = [p.top_p for p in params]
-        if any(k < logits.shape[1] for k in top_k) or any(p < 1.0 for p in top_p):
-            logits = apply_top_k_top_p(
-                logits, torch.tensor(top_k, device=dev), torch.tensor(top_p, device=dev)
-            )
-
-        probs = logits.softmax(dim=-1)
-        q = torch.empty_like(probs).exponential_(generator=self.generator)
-        for i, r in enumerate(requests):
-            if r.sampling_params.seed is not None:
-                if r.generator is None:
-                    seed = r.sampling_params.seed + r.index  # n > 1 children differ, as in vLLM V1
-                    r.generator = torch.Generator(device=dev).manual_seed(seed)
-                q[i].exponential_(generator=r.generator)
-        return probs.div(q).argmax(dim=-1)
+        vocab = logits.shape[1]
+        floats = torch.tensor(
+            [
+                [0.0 if p.greedy else p.temperature for p in params],
+                [p.top_p for p in params],
+                [p.min_p for p in params],
+            ],
+            dtype=torch.float32,
+        ).to(logits.device, non_blocking=True)
+        ints = torch.tensor(
+            [
+                [p.top_k for p in params],
+                [self._seed(r) for r in requests],
+                [r.num_output_tokens for r in requests],
+            ],
+            dtype=torch.int64,
+        ).to(logits.device, non_blocking=True)
+        need_cutoffs = any(0 < p.top_k < vocab or p.top_p < 1.0 for p in params)
+        return ops.sample(
+            logits, floats[0], ints[0], floats[1], floats[2], ints[1], ints[2],
+            all_greedy=False, need_cutoffs=need_cutoffs,
+        )
 
 
 def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """Keep each row's k largest logits, then the smallest set whose probability reaches p."""
+    """Keep each row's k largest logits, then the smallest set whose probability reaches p.
+
+    The dense, sort-based form of the filters that ops.sample folds into one cut-off per row;
+    kept as a readable statement of the rule."""
     sorted_logits, order = logits.sort(dim=-1, descending=False)
     vocab = logits.shape[1]
     kth = sorted_logits.gather(1, (vocab - k.clamp(max=vocab)).long()[:, None])

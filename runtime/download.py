@@ -1,0 +1,89 @@
+"""`pagoda download URI DIR`: fill a model folder from a model URI (the loader Job's first step).
+
+- `hf://org/name[@revision]`: huggingface_hub's snapshot_download into DIR, with the token from
+  `HF_TOKEN` (the operator fills it from the Secret). Only what the runtime loads is fetched.
+- `pvc://claim/path`: the weights are already on the claim; this only checks that DIR holds a model.
+
+A marker file (`.pagoda-download.json`) is written last, so a folder with the marker is complete: a
+retried Job skips the download, and a half-finished one is resumed by snapshot_download.
+Imports no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from pagoda.operator.model_uri import ModelURI
+
+MARKER = ".pagoda-download.json"
+# What the runtime reads: config, safetensors shards and index, tokenizer files, chat templates.
+ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("uri", help="hf://org/name[@revision] or pvc://claim/path")
+    parser.add_argument("dir", help="folder to fill (created if missing)")
+    parser.add_argument(
+        "--force", action="store_true", help="download even if the marker says it is complete"
+    )
+    parser.add_argument("--max-workers", type=int, default=8, help="parallel file downloads")
+
+
+def is_complete(folder: Path, uri: str) -> bool:
+    try:
+        return json.loads((folder / MARKER).read_text()).get("uri") == uri
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def download(uri: str, folder: str | os.PathLike, *, force: bool = False, max_workers: int = 8) -> dict:
+    """Fill folder from uri; returns what the marker records."""
+    parsed = ModelURI.parse(uri)
+    folder = Path(folder)
+    if parsed.scheme == "pvc":
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"{uri}: no config.json in {folder} (is the claim mounted there?)")
+        return {"uri": uri, "skipped": "pvc:// weights are used in place"}
+    if not force and is_complete(folder, uri):
+        return json.loads((folder / MARKER).read_text()) | {"skipped": "already complete"}
+
+    from huggingface_hub import snapshot_download
+
+    folder.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    snapshot_download(
+        repo_id=parsed.repo_id,
+        revision=parsed.revision,
+        local_dir=folder,
+        token=os.environ.get("HF_TOKEN") or None,
+        allow_patterns=ALLOW_PATTERNS,
+        max_workers=max_workers,
+    )
+    files = sorted(
+        p for p in folder.rglob("*") if p.is_file() and ".cache" not in p.relative_to(folder).parts
+    )
+    record = {
+        "uri": uri,
+        "repo_id": parsed.repo_id,
+        "revision": parsed.revision,
+        "files": len(files),
+        "bytes": sum(p.stat().st_size for p in files),
+        "seconds": round(time.monotonic() - started, 3),
+    }
+    (folder / MARKER).write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        record = download(args.uri, args.dir, force=args.force, max_workers=args.max_workers)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"pagoda download: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(record))
+    return 0
