@@ -1,0 +1,160 @@
+"""HPA and KEDA modes: the objects that hand a ModelServer's scaling to an autoscaler the cluster runs.
+
+Pure functions from the ModelServer body to manifests; the handlers apply what they return. Both
+objects target the ModelServer itself through its scale subresource (spec.replicas, with
+status.selector for the pods), never the Deployment: spec.replicas stays the one number that the
+operator copies into the Deployment, whoever sets it (the HPA, KEDA, the operator's own autoscaler
+or `kubectl scale`), so no two writers fight over Deployment.spec.replicas.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from pagoda.operator.autoscaler.policy import ScalingParams
+from pagoda.operator.builders import meta
+from pagoda.operator.spec import ModelServer
+
+# The pods metric that the prometheus-adapter rule in docs/autoscaling.md exposes: Kubernetes
+# metric names cannot hold the colon of `pagoda:num_requests_waiting`.
+HPA_METRIC = "pagoda_num_requests_waiting"
+PROMETHEUS_METRIC = "pagoda:num_requests_waiting"
+AUTOSCALER_COMPONENT = "autoscaler"
+# Where KEDA finds Prometheus: spec.scaling.prometheusAddress once the CRD has such a field, else
+# the operator's $PAGODA_PROMETHEUS_ADDRESS, else this in-cluster default (prometheus-operator's).
+DEFAULT_PROMETHEUS_ADDRESS = "http://prometheus-operated.monitoring.svc:9090"
+PROMETHEUS_ADDRESS_ENV = "PAGODA_PROMETHEUS_ADDRESS"
+
+# Kubernetes' own limits on HPA behavior fields.
+MAX_STABILIZATION_SECONDS = 3600
+MAX_PERIOD_SECONDS = 1800
+
+
+def build_autoscaler(modelserver_body: ModelServer | Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The objects the scaling mode needs: [] (operator), [HorizontalPodAutoscaler] or [ScaledObject].
+
+    Takes the ModelServer as the reconcile holds it, or as a raw body (dict or kopf Body).
+    """
+    ms = (
+        modelserver_body
+        if isinstance(modelserver_body, ModelServer)
+        else ModelServer.from_body(modelserver_body)
+    )
+    mode = ms.spec.scaling.mode
+    if mode == "operator":
+        return []
+    if mode == "hpa":
+        return [build_hpa(ms)]
+    if mode == "keda":
+        return [build_scaled_object(ms)]
+    raise ValueError(f"unknown scaling mode {mode!r}; expected operator, hpa or keda")
+
+
+def build_hpa(ms: ModelServer) -> dict[str, Any]:
+    params = ScalingParams.from_model(ms)
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": meta.object_meta(ms, ms.name, AUTOSCALER_COMPONENT),
+        "spec": {
+            "scaleTargetRef": _target_ref(ms),
+            # The HPA cannot go below 1 (without the HPAScaleToZero gate); KEDA can.
+            "minReplicas": max(1, params.min_replicas),
+            "maxReplicas": params.max_replicas,
+            "metrics": [
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": HPA_METRIC},
+                        "target": {
+                            "type": "AverageValue",
+                            "averageValue": _quantity(params.target_waiting_requests),
+                        },
+                    },
+                }
+            ],
+            "behavior": _behavior(params),
+        },
+    }
+
+
+def build_scaled_object(ms: ModelServer) -> dict[str, Any]:
+    params = ScalingParams.from_model(ms)
+    address = prometheus_address(ms)
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": meta.object_meta(ms, ms.name, AUTOSCALER_COMPONENT),
+        "spec": {
+            "scaleTargetRef": _target_ref(ms),
+            "pollingInterval": _seconds(params.scrape_interval_seconds, minimum=1),
+            # KEDA applies cooldownPeriod only between 1 and 0 replicas; the HPA behavior below is
+            # what delays the steps between minReplicaCount and maxReplicaCount.
+            "cooldownPeriod": _seconds(params.scale_down_delay_seconds),
+            "minReplicaCount": params.min_replicas,
+            "maxReplicaCount": params.max_replicas,
+            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": _behavior(params)}},
+            "triggers": [
+                {
+                    "type": "prometheus",
+                    # AverageValue: KEDA's HPA divides the summed queue by the replica count.
+                    "metricType": "AverageValue",
+                    "metadata": {
+                        "serverAddress": address,
+                        "query": f'sum({PROMETHEUS_METRIC}{{model_name="{meta.served_name(ms)}"}})',
+                        "threshold": _quantity(params.target_waiting_requests),
+                    },
+                }
+            ],
+        },
+    }
+
+
+def prometheus_address(ms: ModelServer) -> str:
+    """spec.scaling.prometheusAddress if the CRD has it, else $PAGODA_PROMETHEUS_ADDRESS, else a default."""
+    return (
+        getattr(ms.spec.scaling, "prometheus_address", None)
+        or os.environ.get(PROMETHEUS_ADDRESS_ENV)
+        or DEFAULT_PROMETHEUS_ADDRESS
+    )
+
+
+def _behavior(params: ScalingParams) -> dict[str, Any]:
+    """Up fast and in proportion (double per interval, or +4 pods), down one pod per delay."""
+    interval = _seconds(params.scrape_interval_seconds, minimum=1, maximum=MAX_PERIOD_SECONDS)
+    delay = _seconds(params.scale_down_delay_seconds, maximum=MAX_STABILIZATION_SECONDS)
+    return {
+        "scaleUp": {
+            "stabilizationWindowSeconds": _seconds(
+                params.scale_up_stabilization_seconds, maximum=MAX_STABILIZATION_SECONDS
+            ),
+            "selectPolicy": "Max",
+            "policies": [
+                {"type": "Percent", "value": 100, "periodSeconds": interval},
+                {"type": "Pods", "value": 4, "periodSeconds": interval},
+            ],
+        },
+        "scaleDown": {
+            "stabilizationWindowSeconds": delay,
+            "selectPolicy": "Min",
+            "policies": [
+                {"type": "Pods", "value": 1, "periodSeconds": max(1, min(delay, MAX_PERIOD_SECONDS))}
+            ],
+        },
+    }
+
+
+def _target_ref(ms: ModelServer) -> dict[str, str]:
+    return {"apiVersion": ms.api_version, "kind": ms.kind, "name": ms.name}
+
+
+def _quantity(value: float) -> str:
+    """A Kubernetes quantity: "4" for whole numbers, milli-units ("2500m") otherwise."""
+    return str(int(value)) if float(value).is_integer() else f"{round(value * 1000)}m"
+
+
+def _seconds(value: float, minimum: int = 0, maximum: int | None = None) -> int:
+    seconds = max(minimum, round(value))
+    return min(seconds, maximum) if maximum is not None else seconds

@@ -1,0 +1,201 @@
+"""The serving Deployment: `pagoda serve` on the cached weights, one GPU set per pod."""
+
+from __future__ import annotations
+
+import math
+
+from pagoda.operator.builders import meta
+from pagoda.operator.config import OperatorConfig
+from pagoda.operator.model_uri import CACHE_MOUNT
+from pagoda.operator.spec import ModelServer
+
+CONTAINER_PORT = 8000
+HEALTH_PATH = "/health"
+STARTUP_PERIOD_SECONDS = 10
+
+
+def serve_args(ms: ModelServer, model_path: str) -> list[str]:
+    """`pagoda serve` flags from the spec (the runtime's CLI is the whole contract)."""
+    engine = ms.spec.engine
+    args = [
+        model_path,
+        "--host", "0.0.0.0",
+        "--port", str(CONTAINER_PORT),
+        "--served-model-name", meta.served_name(ms),
+        "--gpu-memory-utilization", f"{engine.gpu_memory_utilization:g}",
+        "--max-num-seqs", str(engine.max_num_seqs),
+        "--dtype", engine.dtype,
+    ]  # fmt: skip
+    if engine.max_model_len is not None:
+        args += ["--max-model-len", str(engine.max_model_len)]
+    if engine.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
+    if not engine.enable_prefix_caching:
+        args.append("--no-enable-prefix-caching")
+    if engine.tensor_parallel_size > 1:
+        args += ["--tensor-parallel-size", str(engine.tensor_parallel_size)]
+    if ms.spec.resources.gpus == 0:
+        args += ["--device", "cpu"]
+    if ms.spec.api_key_secret_ref:
+        # The kubelet expands $(VAR) from the container's env, so the key never sits in the spec.
+        args += ["--api-key", "$(PAGODA_API_KEY)"]
+    return args + list(engine.extra_args)
+
+
+def _probe(period: int, failures: int, timeout: int = 5) -> dict:
+    return {
+        "httpGet": {"path": HEALTH_PATH, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": timeout,
+        "failureThreshold": failures,
+    }
+
+
+def _resources(ms: ModelServer) -> dict:
+    res = ms.spec.resources
+    # No CPU limit: CFS throttling of the step loop costs far more than it protects.
+    out = {"requests": {"cpu": res.cpu, "memory": res.memory}, "limits": {"memory": res.memory}}
+    if res.gpus:
+        out["requests"]["nvidia.com/gpu"] = str(res.gpus)
+        out["limits"]["nvidia.com/gpu"] = str(res.gpus)
+    return out
+
+
+def _volumes(ms: ModelServer) -> tuple[list[dict], list[dict], list[dict]]:
+    """(volumes, mounts of the server, init containers)."""
+    claim = meta.cache_claim_name(ms)
+    shm = {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": ms.spec.resources.shm_size}}
+    volumes = [shm, meta.TMP_VOLUME]
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, meta.TMP_MOUNT]
+    init: list[dict] = []
+    if claim:
+        volumes.append(
+            {"name": "model-cache", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        )
+        mounts.append({"name": "model-cache", "mountPath": CACHE_MOUNT, "readOnly": True})
+    else:
+        # No cache: every pod downloads into its own scratch volume before the server starts.
+        volumes.append({"name": "model-cache", "emptyDir": {}})
+        mounts.append({"name": "model-cache", "mountPath": CACHE_MOUNT, "readOnly": True})
+        env = list(meta.HOME_ENV) + _hf_token_env(ms)
+        init.append(
+            {
+                "name": "download",
+                "image": ms.spec.image or "",
+                "imagePullPolicy": ms.spec.image_pull_policy,
+                "command": ["pagoda", "download", ms.spec.model.uri, meta.model_uri(ms).mount_path],
+                "env": env,
+                "securityContext": meta.restricted_container_security(),
+                "volumeMounts": [{"name": "model-cache", "mountPath": CACHE_MOUNT}, meta.TMP_MOUNT],
+            }
+        )
+    return volumes, mounts, init
+
+
+def _hf_token_env(ms: ModelServer) -> list[dict]:
+    ref = ms.spec.hf_token_secret_ref
+    if not ref:
+        return []
+    return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+
+
+def _env(ms: ModelServer) -> list[dict]:
+    env = [{"name": "HF_HUB_OFFLINE", "value": "1"}, *meta.HOME_ENV]
+    if ms.spec.api_key_secret_ref:
+        ref = ms.spec.api_key_secret_ref
+        env.append(
+            {"name": "PAGODA_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+        )
+    return env + list(ms.spec.env or [])
+
+
+def _strategy(ms: ModelServer) -> dict:
+    if ms.spec.resources.gpus:
+        # A surge pod would wait for the GPU the old pod holds; replace in place instead.
+        return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+
+
+def _scheduling(ms: ModelServer) -> dict:
+    spec = ms.spec
+    node_selector = dict(spec.node_selector or {})
+    tolerations = list(spec.tolerations or [])
+    if spec.resources.gpus:
+        if spec.resources.gpu_type:
+            node_selector["nvidia.com/gpu.product"] = spec.resources.gpu_type
+        # GPU nodes are commonly tainted so that only GPU workloads land there.
+        gpu_taint = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        if gpu_taint not in tolerations:
+            tolerations.append(gpu_taint)
+    out: dict = {}
+    for key, value in (
+        ("nodeSelector", node_selector),
+        ("tolerations", tolerations),
+        ("affinity", spec.affinity),
+        ("priorityClassName", spec.priority_class_name),
+        ("runtimeClassName", spec.runtime_class_name),
+    ):
+        if value:
+            out[key] = value
+    return out
+
+
+def build_deployment(ms: ModelServer, config: OperatorConfig, model_path: str | None = None) -> dict:
+    """model_path: the loaded model's folder (it lags the spec while a new URI is loading)."""
+    image = ms.spec.image or config.runtime_image
+    volumes, mounts, init = _volumes(ms)
+    for container in init:
+        container["image"] = image
+    container = {
+        "name": "runtime",
+        "image": image,
+        "imagePullPolicy": ms.spec.image_pull_policy,
+        "args": serve_args(ms, model_path or meta.model_uri(ms).mount_path),
+        "env": _env(ms),
+        "ports": [{"name": "http", "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
+        "resources": _resources(ms),
+        "volumeMounts": mounts,
+        "startupProbe": _probe(
+            STARTUP_PERIOD_SECONDS, math.ceil(ms.spec.startup_timeout_seconds / STARTUP_PERIOD_SECONDS)
+        ),
+        "readinessProbe": _probe(5, 3),
+        "livenessProbe": _probe(10, 6, timeout=10),
+        "securityContext": meta.restricted_container_security(),
+    }
+    if ms.spec.env_from:
+        container["envFrom"] = list(ms.spec.env_from)
+    pod_labels = {**(ms.spec.pod_labels or {}), **meta.labels(ms, meta.SERVER_COMPONENT)}
+    pod_annotations = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(CONTAINER_PORT),
+        "prometheus.io/path": "/metrics",
+        **(ms.spec.pod_annotations or {}),
+    }
+    pod_spec = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 60,
+        "securityContext": meta.restricted_pod_security(),
+        "containers": [container],
+        "volumes": volumes,
+        **_scheduling(ms),
+    }
+    if init:
+        pod_spec["initContainers"] = init
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta.object_meta(ms, ms.name, meta.SERVER_COMPONENT),
+        "spec": {
+            "replicas": ms.spec.replicas,
+            "selector": {"matchLabels": meta.selector_labels(ms)},
+            "strategy": _strategy(ms),
+            "revisionHistoryLimit": 3,
+            # Weights stream in for minutes; a rollout is not stuck until the startup probe gives up.
+            "progressDeadlineSeconds": ms.spec.startup_timeout_seconds + 600,
+            "template": {
+                "metadata": {"labels": pod_labels, "annotations": pod_annotations},
+                "spec": pod_spec,
+            },
+        },
+    }

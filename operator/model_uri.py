@@ -1,0 +1,60 @@
+"""Model URIs (`hf://org/name[@revision]`, `pvc://claim/path`) and where each lands in the cache.
+
+Shared by the operator (volume layout) and `pagoda download` (which runs in the runtime image), so it
+imports nothing beyond the standard library.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+_HF = re.compile(
+    r"^hf://(?P<org>[A-Za-z0-9][-A-Za-z0-9_.]*)/(?P<name>[-A-Za-z0-9_.]+)(@(?P<rev>[-A-Za-z0-9_./]+))?$"
+)
+_PVC = re.compile(r"^pvc://(?P<claim>[a-z0-9]([-a-z0-9.]*[a-z0-9])?)/(?P<path>\S*)$")
+
+# Where the cache volume is mounted, in the loader Job and in the serving pods.
+CACHE_MOUNT = "/models"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelURI:
+    scheme: str  # "hf" or "pvc"
+    repo_id: str | None = None  # hf: org/name
+    revision: str | None = None  # hf: branch, tag or commit; None means the default branch
+    claim: str | None = None  # pvc: the claim holding the weights
+    path: str = ""  # pvc: folder inside the claim
+
+    @classmethod
+    def parse(cls, uri: str) -> ModelURI:
+        if m := _HF.match(uri):
+            return cls("hf", repo_id=f"{m['org']}/{m['name']}", revision=m["rev"])
+        if m := _PVC.match(uri):
+            return cls("pvc", claim=m["claim"], path=m["path"].strip("/"))
+        raise ValueError(f"model uri must be hf://org/name[@revision] or pvc://claim/path, got {uri!r}")
+
+    @property
+    def cache_subpath(self) -> str:
+        """The model's folder relative to the volume root."""
+        if self.scheme == "pvc":
+            return self.path
+        # Revisions may hold '/', which would nest folders; keep one folder per revision.
+        rev = (self.revision or "main").replace("/", "--")
+        return f"hf/{self.repo_id}/{rev}"
+
+    @property
+    def mount_path(self) -> str:
+        return f"{CACHE_MOUNT}/{self.cache_subpath}".rstrip("/")
+
+    @property
+    def default_served_name(self) -> str:
+        return (
+            self.repo_id if self.scheme == "hf" else (self.path.rsplit("/", 1)[-1] or self.claim or "model")
+        )
+
+
+def uri_digest(uri: str) -> str:
+    """A short stable digest: the loader Job of each URI has its own name, so a new URI reloads."""
+    return hashlib.sha256(uri.encode()).hexdigest()[:8]

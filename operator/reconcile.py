@@ -1,0 +1,231 @@
+"""One reconcile pass of a ModelServer: cache PVC -> loader Job -> Deployment + Service -> status.
+
+Every kopf handler (create, update, resume, the resync timer, and events of the owned Jobs and
+Deployments) runs this same pass. It reads the world, converges one step and returns the status to
+write plus the events to post, so that running it twice in a row changes nothing the second time.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+from pagoda.operator.builders import meta
+from pagoda.operator.builders.deployment import build_deployment
+from pagoda.operator.builders.loader_job import PLAN_CONTAINER, build_loader_job, plan_memory_gib
+from pagoda.operator.builders.pvc import build_cache_pvc
+from pagoda.operator.builders.service import build_service, endpoint
+from pagoda.operator.config import OperatorConfig
+from pagoda.operator.k8s import Cluster
+from pagoda.operator.spec import CacheStatus, LoaderStatus, ModelServer, PlanStatus
+from pagoda.operator.status import Observation, compute_status
+
+log = logging.getLogger(__name__)
+
+AUTOSCALER_HOOK = "pagoda.operator.autoscaler.manifests"
+AUTOSCALER_KINDS = ("HorizontalPodAutoscaler", "ScaledObject")
+
+
+@dataclass(slots=True)
+class Outcome:
+    status: dict
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse(ts: str) -> datetime:
+    return datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+
+
+def job_state(job: dict) -> tuple[str, str]:
+    """("succeeded" | "failed" | "running", why) from the Job's status."""
+    status = job.get("status") or {}
+    for cond in status.get("conditions") or []:
+        if cond.get("status") != "True":
+            continue
+        if cond.get("type") == "Complete":
+            return "succeeded", "the loader Job completed"
+        if cond.get("type") == "Failed":
+            return (
+                "failed",
+                f"loader Job failed: {cond.get('reason', 'Failed')}: {cond.get('message', '')}".rstrip(": "),
+            )
+    if status.get("succeeded"):
+        return "succeeded", "the loader Job completed"
+    return "running", "downloading the model into the cache"
+
+
+def read_plan(cluster: Cluster, ms: ModelServer, job: dict) -> PlanStatus:
+    """`pagoda plan --json` output, from the plan container's termination message."""
+    gib, assumed = plan_memory_gib(ms)
+    plan = PlanStatus(gpu_memory_gib=gib, message=f"assumed {gib:g} GiB per replica" if assumed else None)
+    job_name = job["metadata"]["name"]
+    pods = cluster.list("Pod", ms.namespace, {"job-name": job_name})
+    for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "", reverse=True):
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            terminated = (cs.get("state") or {}).get("terminated") or {}
+            if cs.get("name") != PLAN_CONTAINER or terminated.get("exitCode") != 0:
+                continue
+            try:
+                figures = json.loads(terminated.get("message") or "")
+            except json.JSONDecodeError:
+                continue
+            keys = ("fits", "weight_bytes", "kv_bytes_per_token", "kv_capacity_tokens", "max_concurrent_seqs")
+            return plan.model_copy(update={k: figures[k] for k in keys if k in figures})
+    return plan.model_copy(update={"message": "no plan output found on the loader pod"})
+
+
+def backoff_seconds(config: OperatorConfig, failures: int) -> float:
+    return min(config.retry_base_seconds * 2 ** max(failures - 1, 0), config.retry_max_seconds)
+
+
+def _load_cache(
+    cluster: Cluster, config: OperatorConfig, ms: ModelServer, now: datetime, events: list
+) -> tuple:
+    """Advance the loader for spec.model.uri. Returns (cache, loader, plan, state, message)."""
+    uri = ms.spec.model.uri
+    cache = ms.status.cache or CacheStatus()
+    loader = ms.status.loader or LoaderStatus()
+    plan = ms.status.plan
+    claim = meta.cache_claim_name(ms)
+    if cache.ready and cache.uri == uri:
+        return cache, loader, plan, "ready", f"{uri} is loaded"
+    if claim is None:  # cache disabled: each pod downloads for itself
+        cache = CacheStatus(uri=uri, path=meta.model_uri(ms).mount_path, ready=True)
+        return cache, LoaderStatus(), plan, "ready", "cache disabled; pods download at start"
+
+    reloading = cache.ready  # an older model is loaded and still served meanwhile
+    desired = build_loader_job(ms, config)
+    name = desired["metadata"]["name"]
+    job = cluster.get("Job", ms.namespace, name)
+    if job is None:
+        if loader.retry_after and now < _parse(loader.retry_after):
+            msg = f"loader failed {loader.failures}x; retrying after {loader.retry_after}"
+            return cache, loader, plan, "reload-failed" if reloading else "failed", msg
+        job, action = cluster.ensure(desired, update=False)
+        if action == "created":
+            events.append(("Normal", "LoaderStarted", f"Job {name} loads {uri} into claim {claim}"))
+    state, why = job_state(job)
+    if state == "running":
+        return cache, loader, plan, "reloading" if reloading else "loading", why
+    if state == "failed":
+        uid = job["metadata"].get("uid") or name
+        if loader.failed_job_uid != uid:
+            failures = loader.failures + 1
+            retry = now + timedelta(seconds=backoff_seconds(config, failures))
+            loader = LoaderStatus(failures=failures, failed_job_uid=uid, retry_after=_iso(retry))
+            events.append(("Warning", "LoaderFailed", f"{why}; retry {failures} after {_iso(retry)}"))
+        elif loader.retry_after and now >= _parse(loader.retry_after):
+            cluster.delete("Job", ms.namespace, name)  # the next pass creates it afresh
+            events.append(("Normal", "LoaderRetry", f"deleted failed Job {name} to retry"))
+        return cache, loader, plan, "reload-failed" if reloading else "failed", why
+    plan = read_plan(cluster, ms, job)
+    cache = CacheStatus(
+        claim_name=claim, uri=uri, path=meta.model_uri(ms).mount_path, ready=True, job_name=name
+    )
+    fits = "" if plan.fits is None else (" (fits)" if plan.fits else " (does NOT fit the requested GPU)")
+    events.append(("Normal" if plan.fits is not False else "Warning", "CacheReady", f"{uri} is loaded{fits}"))
+    for old in cluster.list("Job", ms.namespace, meta.labels(ms, meta.LOADER_COMPONENT)):
+        if old["metadata"]["name"] != name:
+            cluster.delete("Job", ms.namespace, old["metadata"]["name"])
+    return cache, LoaderStatus(), plan, "ready", f"{uri} is loaded"
+
+
+def autoscaler_objects(ms: ModelServer) -> list[dict] | None:
+    """The autoscaler's HPA / ScaledObject manifests, or None while that module does not exist."""
+    try:
+        module = importlib.import_module(AUTOSCALER_HOOK)
+    except ModuleNotFoundError as exc:
+        if exc.name and AUTOSCALER_HOOK.startswith(exc.name):
+            return None
+        raise
+    objects = list(module.build_autoscaler(ms) or [])
+    for obj in objects:
+        obj["metadata"].setdefault("namespace", ms.namespace)
+        obj["metadata"].setdefault("ownerReferences", [meta.owner_reference(ms)])
+        obj["metadata"].setdefault("labels", {}).update(meta.labels(ms, "autoscaler"))
+    return objects
+
+
+def _apply_autoscaler(cluster: Cluster, ms: ModelServer, events: list) -> None:
+    objects = autoscaler_objects(ms)
+    if objects is None:
+        return
+    wanted = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    for obj in objects:
+        _, action = cluster.ensure(obj)
+        if action != "unchanged":
+            events.append(
+                ("Normal", f"Autoscaler{action.title()}", f"{obj['kind']} {obj['metadata']['name']} {action}")
+            )
+    if ms.status.observed_generation == ms.generation:
+        return  # the scaling mode can only have changed with the spec: nothing stale to prune
+    for kind in AUTOSCALER_KINDS:
+        try:
+            live = cluster.list(kind, ms.namespace, {meta.LABEL_MODELSERVER: ms.name})
+        except Exception:  # noqa: BLE001 - e.g. KEDA not installed: nothing of that kind to prune
+            continue
+        for obj in live:
+            if (kind, obj["metadata"]["name"]) not in wanted:
+                cluster.delete(kind, ms.namespace, obj["metadata"]["name"])
+
+
+def reconcile(cluster: Cluster, config: OperatorConfig, body, now: datetime | None = None) -> Outcome:
+    now = now or datetime.now(timezone.utc)
+    ms = ModelServer.from_body(body)
+    events: list[tuple[str, str, str]] = []
+
+    pvc = build_cache_pvc(ms)
+    if pvc is not None:
+        _, action = cluster.ensure(pvc, update=False)
+        if action == "created":
+            events.append(("Normal", "CacheClaimCreated", f"PersistentVolumeClaim {pvc['metadata']['name']}"))
+
+    cache, loader, plan, state, message = _load_cache(cluster, config, ms, now, events)
+    deployment = None
+    if state == "ready":
+        for desired in (build_deployment(ms, config, cache.path), build_service(ms)):
+            live, action = cluster.ensure(desired)
+            if action != "unchanged":
+                events.append(
+                    ("Normal", f"{desired['kind']}{action.title()}", f"{desired['kind']} {ms.name} {action}")
+                )
+            if desired["kind"] == "Deployment":
+                deployment = live
+        _apply_autoscaler(cluster, ms, events)
+    elif cache.ready:  # a reload is under way: the old Deployment keeps serving, untouched
+        deployment = cluster.get("Deployment", ms.namespace, ms.name)
+
+    obs = Observation(
+        cache=cache,
+        loader=loader,
+        plan=plan,
+        cache_state=state,
+        cache_message=message,
+        deployment=deployment,
+        endpoint=endpoint(ms, config.cluster_domain) if deployment is not None else None,
+    )
+    status = compute_status(ms, obs, _iso(now))
+    old_phase = ms.status.phase
+    if status["phase"] != old_phase:
+        kind = "Warning" if status["phase"] == "Failed" else "Normal"
+        events.append((kind, f"Phase{status['phase']}", status.get("message", "")))
+    return Outcome(status=status, events=events)
+
+
+def cleanup(cluster: Cluster, body) -> list[tuple[str, str, str]]:
+    """On deletion: the owned objects go by owner reference; the cache PVC by retainOnDelete."""
+    ms = ModelServer.from_body(body)
+    if not meta.owns_cache_claim(ms):
+        return []
+    claim = meta.cache_claim_name(ms)
+    if ms.spec.cache.retain_on_delete:
+        return [("Normal", "CacheRetained", f"PersistentVolumeClaim {claim} kept (retainOnDelete)")]
+    deleted = cluster.delete("PersistentVolumeClaim", ms.namespace, claim)
+    return [("Normal", "CacheDeleted", f"PersistentVolumeClaim {claim} deleted")] if deleted else []

@@ -1,0 +1,362 @@
+"""The ModelServer resource as pydantic models: the single source of truth for the CRD.
+
+`crdgen` turns these models into the CRD's openAPIV3Schema. Field names are snake_case in Python and
+camelCase in the CRD (pydantic aliases). CEL rules ride along as `x-kubernetes-validations` in each
+model's JSON-schema extra, next to the fields they constrain, so the rule and the field never drift.
+Kubernetes' own types (env, tolerations, affinity, ...) are passed through as free-form objects: the
+API server validates them again when the operator writes the Deployment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "pagoda.dev"
+VERSION = "v1alpha1"
+KIND = "ModelServer"
+PLURAL = "modelservers"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# hf://org/name[@revision] or pvc://claim/path. The claim part is a DNS-1123 subdomain.
+URI_REGEX = (
+    r"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+(@[-A-Za-z0-9_./]+)?"
+    r"|pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[^ ]*)$"
+)
+QUANTITY_REGEX = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+
+# The ModelServer name becomes the Deployment, Service and `<name>-load-<hash>` Job names; Job pod
+# labels cap at 63 characters, hence 45 here.
+MAX_NAME_LENGTH = 45
+
+
+def rule(expr: str, message: str, field_path: str | None = None, reason: str | None = None) -> dict:
+    """One CEL rule in the shape of `x-kubernetes-validations`."""
+    out = {"rule": expr, "message": message}
+    if field_path:
+        out["fieldPath"] = field_path
+    if reason:
+        out["reason"] = reason
+    return out
+
+
+def free_form(description: str, *, array: bool = False) -> Any:
+    """A Kubernetes-typed field kept opaque in the CRD (validated by the API server downstream)."""
+    item = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    schema = {"type": "array", "items": item} if array else dict(item)
+    return Field(default=None, description=description, json_schema_extra={"x-pagoda-raw": schema})
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class ModelSource(Model):
+    uri: str = Field(
+        max_length=512,
+        description="hf://org/name[@revision] (downloaded into the cache) or pvc://claim/path "
+        "(already on a claim).",
+    )
+    name: str | None = Field(
+        default=None,
+        max_length=256,
+        description="The served model name (OpenAI `model`). Defaults to org/name.",
+    )
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                rule(
+                    f"self.uri.matches('{URI_REGEX}')",
+                    "model.uri must be hf://org/name[@revision] or pvc://claim/path",
+                    ".uri",
+                    "FieldValueInvalid",
+                )
+            ]
+        }
+    )
+
+
+class EngineSpec(Model):
+    max_model_len: int | None = Field(
+        default=None, ge=16, description="Context length; defaults to the model's."
+    )
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="Share of GPU memory to use.")
+    max_num_seqs: int = Field(default=256, ge=1, description="Sequences batched together at most.")
+    max_num_batched_tokens: int | None = Field(
+        default=None, ge=1, description="Tokens per engine step at most."
+    )
+    dtype: Literal["auto", "float16", "bfloat16", "float32"] = Field(default="auto")
+    enable_prefix_caching: bool = Field(default=True)
+    tensor_parallel_size: int = Field(default=1, ge=1, le=8, description="GPUs one model copy spans.")
+    extra_args: list[str] = Field(
+        default_factory=list, max_length=64, description="Further `pagoda serve` flags, passed as-is."
+    )
+
+
+class ResourcesSpec(Model):
+    gpus: int = Field(default=1, ge=0, le=8, description="nvidia.com/gpu per pod; 0 runs the CPU runtime.")
+    gpu_type: str | None = Field(
+        default=None,
+        max_length=128,
+        description="Node label nvidia.com/gpu.product to require, e.g. NVIDIA-H100-80GB-HBM3.",
+    )
+    gpu_memory_gib: float | None = Field(
+        default=None,
+        gt=0,
+        alias="gpuMemoryGiB",
+        description="Memory per GPU for the fit check; defaults from gpuType (see docs).",
+    )
+    cpu: str = Field(default="4", pattern=QUANTITY_REGEX, description="CPU request.")
+    memory: str = Field(default="32Gi", pattern=QUANTITY_REGEX, description="Memory request and limit.")
+    shm_size: str = Field(
+        default="2Gi", pattern=QUANTITY_REGEX, description="Size of the memory-backed /dev/shm."
+    )
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                rule(
+                    "!has(self.gpuType) || self.gpus > 0",
+                    "resources.gpuType needs resources.gpus > 0",
+                    ".gpuType",
+                )
+            ]
+        }
+    )
+
+
+class CacheSpec(Model):
+    enabled: bool = Field(default=True, description="Off: each pod downloads into an emptyDir at start.")
+    storage_class_name: str | None = Field(default=None, max_length=253)
+    size: str = Field(default="100Gi", pattern=QUANTITY_REGEX)
+    access_mode: Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"] = Field(
+        default="ReadWriteOnce", description="ReadWriteMany lets replicas on several nodes share the cache."
+    )
+    existing_claim: str | None = Field(
+        default=None, max_length=253, description="Use this PVC instead of making one."
+    )
+    retain_on_delete: bool = Field(
+        default=True, description="Keep the cache PVC when the ModelServer is deleted."
+    )
+
+
+class SecretKeyRef(Model):
+    name: str = Field(max_length=253)
+    key: str = Field(max_length=253)
+
+
+class ServiceSpec(Model):
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+    port: int = Field(default=8000, ge=1, le=65535)
+
+
+class ScalingSpec(Model):
+    """Read by the autoscaler (pagoda.operator.autoscaler); the reconcile only validates it."""
+
+    mode: Literal["operator", "hpa", "keda"] = Field(default="operator")
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(default=1, ge=1)
+    target_waiting_requests: float = Field(default=4.0, gt=0, description="Waiting requests per replica.")
+    scrape_interval_seconds: int = Field(default=15, ge=1)
+    scale_up_stabilization_seconds: int = Field(default=0, ge=0)
+    scale_down_delay_seconds: int = Field(default=300, ge=0)
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                rule(
+                    "self.minReplicas <= self.maxReplicas",
+                    "scaling.minReplicas must be at most scaling.maxReplicas",
+                    ".minReplicas",
+                )
+            ]
+        }
+    )
+
+
+# Root-level rules see the whole object: the cache may not move once the loader has filled it.
+IMMUTABLE_CACHE_FIELDS = ("storageClassName", "size", "accessMode", "existingClaim", "enabled")
+
+
+def _same(field: str) -> str:
+    new, old = "self.spec.cache", "oldSelf.spec.cache"
+    return (
+        f"(has({new}.{field}) == has({old}.{field}) && "
+        f"(!has({new}.{field}) || {new}.{field} == {old}.{field}))"
+    )
+
+
+CACHE_LOADED = "has(oldSelf.status) && has(oldSelf.status.cache) && has(oldSelf.status.cache.ready) && oldSelf.status.cache.ready"
+ROOT_RULES = [
+    rule(
+        f"!({CACHE_LOADED}) || ({' && '.join(_same(f) for f in IMMUTABLE_CACHE_FIELDS)})",
+        "spec.cache fields ("
+        + ", ".join(IMMUTABLE_CACHE_FIELDS)
+        + ") are immutable once the cache is loaded",
+        ".spec.cache",
+        "FieldValueForbidden",
+    ),
+    rule(
+        f"size(self.metadata.name) <= {MAX_NAME_LENGTH} && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+        f"metadata.name must be a DNS-1035 label of at most {MAX_NAME_LENGTH} characters "
+        "(it names the Deployment, Service and loader Job)",
+    ),
+]
+
+
+class ModelServerSpec(Model):
+    model: ModelSource
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    cache: CacheSpec = Field(default_factory=CacheSpec)
+    replicas: int = Field(
+        default=1, ge=0, description="Pods; the autoscaler writes it via the scale subresource."
+    )
+    image: str | None = Field(
+        default=None, max_length=512, description="Runtime image; the operator's default if unset."
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    env: list[dict[str, Any]] | None = free_form("Extra container env (core/v1 EnvVar).", array=True)
+    env_from: list[dict[str, Any]] | None = free_form(
+        "Extra env sources (core/v1 EnvFromSource).", array=True
+    )
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret key holding the API key."
+    )
+    hf_token_secret_ref: SecretKeyRef | None = Field(default=None, description="Secret key holding HF_TOKEN.")
+    node_selector: dict[str, str] | None = None
+    tolerations: list[dict[str, Any]] | None = free_form("core/v1 Tolerations.", array=True)
+    affinity: dict[str, Any] | None = free_form("core/v1 Affinity.")
+    priority_class_name: str | None = Field(default=None, max_length=253)
+    runtime_class_name: str | None = Field(default=None, max_length=253)
+    service: ServiceSpec = Field(default_factory=ServiceSpec)
+    pod_labels: dict[str, str] | None = None
+    pod_annotations: dict[str, str] | None = None
+    startup_timeout_seconds: int = Field(
+        default=1800, ge=30, le=86400, description="How long a pod may take to load weights and warm up."
+    )
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec)
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                rule(
+                    "self.resources.gpus == 0 ? self.engine.tensorParallelSize == 1"
+                    " : self.resources.gpus % self.engine.tensorParallelSize == 0",
+                    "engine.tensorParallelSize must divide resources.gpus (and be 1 when gpus is 0)",
+                    ".engine.tensorParallelSize",
+                ),
+                rule(
+                    "!self.model.uri.startsWith('pvc://') || !has(self.cache.existingClaim)",
+                    "cache.existingClaim cannot be combined with a pvc:// model.uri",
+                    ".cache.existingClaim",
+                ),
+            ]
+        }
+    )
+
+
+class StatusModel(Model):
+    """Status is written by several hands (the reconcile, the autoscaler, older operator versions):
+    reading it never fails on a field this version does not know."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class Condition(StatusModel):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str | None = None
+    message: str | None = None
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+class CacheStatus(StatusModel):
+    claim_name: str | None = None
+    uri: str | None = Field(default=None, description="The URI now loaded (or loading) in the cache.")
+    path: str | None = Field(default=None, description="Model folder inside the pods.")
+    ready: bool = False
+    job_name: str | None = None
+
+
+class PlanStatus(StatusModel):
+    """`pagoda plan` figures for the loaded model on the requested GPU."""
+
+    fits: bool | None = None
+    gpu_memory_gib: float | None = Field(default=None, alias="gpuMemoryGiB")
+    weight_bytes: int | None = None
+    kv_bytes_per_token: int | None = None
+    kv_capacity_tokens: int | None = None
+    max_concurrent_seqs: int | None = None
+    message: str | None = None
+
+
+class LoaderStatus(StatusModel):
+    failures: int = 0
+    failed_job_uid: str | None = None
+    retry_after: str | None = None
+
+
+class ModelServerStatus(Model):
+    phase: Literal["Pending", "Loading", "Starting", "Ready", "Failed"] | None = None
+    message: str | None = None
+    conditions: list[Condition] | None = Field(
+        default=None,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    replicas: int | None = None
+    ready_replicas: int | None = None
+    waiting_requests: float | None = Field(
+        default=None, description="Queue depth, written by the autoscaler."
+    )
+    desired_replicas: int | None = Field(default=None, description="Written by the autoscaler.")
+    endpoint: str | None = None
+    observed_generation: int | None = None
+    selector: str | None = Field(default=None, description="Pod label selector, for the scale subresource.")
+    cache: CacheStatus | None = None
+    plan: PlanStatus | None = None
+    loader: LoaderStatus | None = None
+    model_config = ConfigDict(extra="allow")
+
+
+def _plain(value: Any) -> Any:
+    """kopf hands out read-only mapping views; the models want plain dicts and lists."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+class ModelServer(BaseModel):
+    """A whole ModelServer object, as the builders take it (metadata kept as a plain dict)."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+    api_version: str = Field(default=API_VERSION, alias="apiVersion")
+    kind: str = KIND
+    metadata: dict[str, Any]
+    spec: ModelServerSpec
+    status: ModelServerStatus = Field(default_factory=ModelServerStatus)
+
+    @classmethod
+    def from_body(cls, body: Any) -> ModelServer:
+        """From a kopf Body or a raw dict."""
+        raw = {k: _plain(body.get(k) or {}) for k in ("metadata", "spec", "status")}
+        return cls.model_validate({"apiVersion": API_VERSION, "kind": KIND, **raw})
+
+    @property
+    def name(self) -> str:
+        return self.metadata["name"]
+
+    @property
+    def namespace(self) -> str:
+        return self.metadata.get("namespace") or "default"
+
+    @property
+    def uid(self) -> str | None:
+        return self.metadata.get("uid")
+
+    @property
+    def generation(self) -> int | None:
+        return self.metadata.get("generation")

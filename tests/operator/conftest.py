@@ -1,0 +1,194 @@
+"""An in-process Kubernetes API (kmock) that behaves like a real server where kopf and the
+reconcile rely on it, and a way to run the operator against it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import itertools
+import os
+import threading
+import uuid
+
+import kmock
+import kubernetes
+import pytest
+import yaml
+
+# The handlers read the resync interval at import; a short one lets the retry test run in seconds.
+os.environ.setdefault("PAGODA_RESYNC_SECONDS", "0.5")
+
+RESOURCES = {
+    "pagoda.dev/v1alpha1/modelservers": kmock.ResourceInfo(
+        kind="ModelServer",
+        namespaced=True,
+        subresources={"status", "scale"},
+        verbs={"get", "list", "watch", "create", "patch", "delete"},
+    ),
+    "batch/v1/jobs": kmock.ResourceInfo(
+        kind="Job",
+        namespaced=True,
+        subresources={"status"},
+        verbs={"get", "list", "watch", "create", "patch", "delete"},
+    ),
+    "apps/v1/deployments": kmock.ResourceInfo(
+        kind="Deployment",
+        namespaced=True,
+        subresources={"status", "scale"},
+        verbs={"get", "list", "watch", "create", "patch", "delete"},
+    ),
+    "v1/pods": kmock.ResourceInfo(kind="Pod", namespaced=True, verbs={"get", "list", "create"}),
+    "v1/services": kmock.ResourceInfo(kind="Service", namespaced=True, verbs={"get", "create", "patch"}),
+    "v1/persistentvolumeclaims": kmock.ResourceInfo(
+        kind="PersistentVolumeClaim", namespaced=True, verbs={"get", "create", "delete"}
+    ),
+    "v1/events": kmock.ResourceInfo(kind="Event", namespaced=True, verbs={"create"}),
+    "autoscaling/v2/horizontalpodautoscalers": kmock.ResourceInfo(
+        kind="HorizontalPodAutoscaler", namespaced=True, verbs={"get", "list", "create", "patch", "delete"}
+    ),
+    # kopf's observers wait for namespaces and CRDs to be discoverable before anything else.
+    "v1/namespaces": kmock.ResourceInfo(kind="Namespace", namespaced=False, verbs={"list", "watch"}),
+    "apiextensions.k8s.io/v1/customresourcedefinitions": kmock.ResourceInfo(
+        kind="CustomResourceDefinition", namespaced=False, verbs={"list", "watch"}
+    ),
+}
+
+
+class ApiServer(kmock.KubernetesEmulator):
+    """kmock 0.8 stores objects as sent. A real API server also assigns uid, resourceVersion,
+    creationTimestamp, a name from generateName, and bumps metadata.generation on spec changes;
+    kopf and the reconcile both read those. It also keeps a log of creations, for the
+    no-duplicates checks."""
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.versions = itertools.count(1)
+        self.created: list[tuple[str, str, str]] = []
+        self.calls: set[tuple[str, str, str, str]] = set()  # (user agent, group, resource, verb)
+
+    def _record(self, request) -> None:
+        if request.resource is None or not request.resource.plural:
+            return  # API discovery, which needs no RBAC
+        method = str(request.method.value if hasattr(request.method, "value") else request.method).upper()
+        if method == "GET":
+            verb = "watch" if request.params.get("watch") == "true" else "get" if request.name else "list"
+        else:
+            verb = {"POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "update"}[method]
+        resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
+        self.calls.add((request.headers.get("User-Agent", ""), request.resource.group, resource, verb))
+
+    async def _handle(self, request):
+        self._record(request)
+        if request.action == kmock.action.UPDATE and isinstance(request.data, list):
+            # A JSON patch's "test" op that fails is a 422 (kopf's optimistic concurrency relies on it).
+            key = (request.resource, request.namespace, request.name)
+            live = self.objects[key] if key in self.objects else None
+            for op in request.data:
+                if (
+                    op.get("op") == "test"
+                    and op.get("path") == "/metadata/resourceVersion"
+                    and live is not None
+                    and not live.deleted
+                    and live["metadata"].get("resourceVersion") != op.get("value")
+                ):
+                    raise kmock.KubernetesError(
+                        status=422, reason="Invalid", message="resourceVersion test failed"
+                    )
+        if request.action == kmock.action.UPDATE and isinstance(request.data, list):
+            request.data.append(
+                {"op": "add", "path": "/metadata/resourceVersion", "value": str(next(self.versions))}
+            )
+        if request.resource is not None and isinstance(request.data, dict):
+            meta = request.data.setdefault("metadata", {})
+            if request.action == kmock.action.CREATE:
+                if not meta.get("name") and meta.get("generateName"):
+                    meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+                meta.setdefault("namespace", request.namespace)
+                meta.update(
+                    uid=str(uuid.uuid4()),
+                    generation=1,
+                    resourceVersion=str(next(self.versions)),
+                    creationTimestamp=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                )
+                key = (request.resource, request.namespace or meta.get("namespace"), meta["name"])
+                if key not in self.objects or self.objects[key].deleted:
+                    self.created.append((request.resource.plural, key[1], meta["name"]))
+            elif request.action == kmock.action.UPDATE:
+                key = (request.resource, request.namespace, request.name)
+                meta["resourceVersion"] = str(next(self.versions))
+                if request.subresource is None and "spec" in request.data and key in self.objects:
+                    live = self.objects[key]
+                    if not live.deleted and live.get("spec") != request.data["spec"]:
+                        meta["generation"] = (live["metadata"].get("generation") or 1) + 1
+        return await super()._handle(request)
+
+    def creations(self, plural: str) -> list[str]:
+        return [name for p, _, name in self.created if p == plural]
+
+
+@pytest.fixture()
+async def apiserver(tmp_path, monkeypatch):
+    async with ApiServer() as server, kmock.Server(server):
+        for key, info in RESOURCES.items():
+            server.resources[key] = info
+        kubeconfig = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "kmock", "cluster": {"server": str(server.url).rstrip("/")}}],
+            "users": [{"name": "test", "user": {"token": "test"}}],
+            "contexts": [
+                {"name": "kmock", "context": {"cluster": "kmock", "user": "test", "namespace": "default"}}
+            ],
+            "current-context": "kmock",
+        }
+        path = tmp_path / "kubeconfig"
+        path.write_text(yaml.safe_dump(kubeconfig))
+        monkeypatch.setenv("KUBECONFIG", str(path))
+        # kopf's login goes through the client library, which read KUBECONFIG when it was imported.
+        monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
+        yield server
+
+
+@contextlib.asynccontextmanager
+async def running_operator(**memo):
+    """kopf.operator() on its own loop in a thread, as in production: it owns that loop and, on
+    stop, cancels every task it finds there, which must not include the API server's."""
+    import kopf
+
+    import pagoda.operator.handlers  # noqa: F401 - registers the handlers
+
+    stop, ready = threading.Event(), threading.Event()
+    thread = threading.Thread(
+        target=lambda: asyncio.run(
+            kopf.operator(
+                clusterwide=True, standalone=True, stop_flag=stop, ready_flag=ready, memo=kopf.Memo(**memo)
+            )
+        ),
+        name="kopf-operator",
+        daemon=True,
+    )
+    thread.start()
+    assert await asyncio.to_thread(ready.wait, 15), "the operator did not start"
+    try:
+        yield thread
+    finally:
+        stop.set()
+        await asyncio.to_thread(thread.join, 30)
+        assert not thread.is_alive(), "the operator did not stop"
+
+
+async def eventually(check, timeout: float = 10.0, interval: float = 0.05):
+    """Poll check() (sync, run in a thread since it may call the API) until it returns truthy."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    last = None
+    while True:
+        try:
+            last = await asyncio.to_thread(check)
+            if last:
+                return last
+        except (AssertionError, KeyError, TypeError) as exc:
+            last = exc
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"not within {timeout}s; last: {last!r}")
+        await asyncio.sleep(interval)

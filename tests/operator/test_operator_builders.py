@@ -1,0 +1,268 @@
+"""Manifest builders over a matrix of specs, validated against the real Kubernetes OpenAPI schemas
+(kubernetes-validate, strict: unknown fields fail) plus the properties the design promises."""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from crd_check import admit
+
+from pagoda.operator.builders import meta
+from pagoda.operator.builders.deployment import build_deployment
+from pagoda.operator.builders.loader_job import PLAN_CONTAINER, build_loader_job
+from pagoda.operator.builders.pvc import build_cache_pvc
+from pagoda.operator.builders.service import build_service
+from pagoda.operator.config import OperatorConfig
+from pagoda.operator.spec import ModelServer
+
+K8S_VERSION = "1.37"
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = OperatorConfig(runtime_image="registry.local/pagoda-runtime:test")
+
+SPECS = {
+    "minimal": {"model": {"uri": "hf://Qwen/Qwen2.5-0.5B-Instruct"}},
+    "cpu-demo": {
+        "model": {"uri": "hf://org/tiny@v1", "name": "tiny"},
+        "resources": {"gpus": 0, "cpu": "1", "memory": "2Gi"},
+        "service": {"type": "NodePort", "port": 80},
+        "startupTimeoutSeconds": 95,
+    },
+    "full": yaml.safe_load((ROOT / "examples" / "modelserver-full.yaml").read_text())["spec"],
+    "cache-disabled": {
+        "model": {"uri": "hf://org/m"},
+        "cache": {"enabled": False},
+        "hfTokenSecretRef": {"name": "hf", "key": "t"},
+    },
+    "pvc-uri": {
+        "model": {"uri": "pvc://weights/llama/8b"},
+        "resources": {"gpus": 2, "gpuType": "NVIDIA-H200"},
+        "engine": {"tensorParallelSize": 2, "enablePrefixCaching": False, "maxModelLen": 4096},
+    },
+    "existing-claim": {
+        "model": {"uri": "hf://org/m@refs/pr/1"},
+        "cache": {"existingClaim": "shared-models"},
+        "apiKeySecretRef": {"name": "k", "key": "key"},
+        "replicas": 0,
+    },
+}
+
+
+def modelserver(name: str) -> ModelServer:
+    obj = {
+        "apiVersion": "pagoda.dev/v1alpha1",
+        "kind": "ModelServer",
+        "metadata": {"name": name, "namespace": "ml", "uid": "0b4a-uid", "generation": 1},
+        "spec": copy.deepcopy(SPECS[name]),
+    }
+    defaulted, errors = admit(obj)
+    assert errors == []
+    return ModelServer.from_body(defaulted)
+
+
+def manifests(ms: ModelServer) -> list[dict]:
+    out = [build_deployment(ms, CONFIG), build_service(ms), build_loader_job(ms, CONFIG), build_cache_pvc(ms)]
+    return [o for o in out if o is not None]
+
+
+def test_the_validator_is_strict():
+    deployment = build_deployment(modelserver("minimal"), CONFIG)
+    deployment["spec"]["template"]["spec"]["containers"][0]["gpus"] = 1
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_manifests_are_valid_kubernetes(name):
+    for obj in manifests(modelserver(name)):
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        assert obj["metadata"]["labels"][meta.LABEL_MODELSERVER] == name
+
+
+def _container(deployment: dict) -> dict:
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def _restricted(pod_spec: dict) -> None:
+    assert pod_spec["securityContext"]["runAsNonRoot"] is True
+    assert pod_spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for c in pod_spec.get("initContainers", []) + pod_spec["containers"]:
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_deployment_promises(name):
+    ms = modelserver(name)
+    d = build_deployment(ms, CONFIG)
+    pod = d["spec"]["template"]["spec"]
+    c = _container(d)
+    gpus = ms.spec.resources.gpus
+    _restricted(pod)
+    assert d["metadata"]["ownerReferences"][0]["uid"] == "0b4a-uid"
+    assert d["spec"]["replicas"] == ms.spec.replicas
+    # GPU limits, and a rollout that never waits for a GPU the old pod holds.
+    assert c["resources"]["limits"].get("nvidia.com/gpu") == (str(gpus) if gpus else None)
+    surge = d["spec"]["strategy"]["rollingUpdate"]["maxSurge"]
+    assert surge == (0 if gpus else 1)
+    assert ("--device" in c["args"]) == (gpus == 0)
+    if ms.spec.resources.gpu_type:
+        assert pod["nodeSelector"]["nvidia.com/gpu.product"] == ms.spec.resources.gpu_type
+    # Memory-backed /dev/shm.
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    # Probes on /health; the startup probe covers startupTimeoutSeconds.
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    sp = c["startupProbe"]
+    assert sp["periodSeconds"] * sp["failureThreshold"] >= ms.spec.startup_timeout_seconds
+    assert sp["periodSeconds"] * (sp["failureThreshold"] - 1) < ms.spec.startup_timeout_seconds
+    # The cache read-only, offline.
+    cache_mount = next(m for m in c["volumeMounts"] if m["name"] == "model-cache")
+    assert cache_mount["readOnly"] is True
+    assert {"name": "HF_HUB_OFFLINE", "value": "1"} in c["env"]
+    assert c["args"][0] == meta.model_uri(ms).mount_path
+    assert c["args"][c["args"].index("--served-model-name") + 1] == meta.served_name(ms)
+    assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+
+
+def test_engine_args_and_secrets():
+    ms = modelserver("full")
+    c = _container(build_deployment(ms, CONFIG))
+    args = c["args"]
+    pairs = dict(zip(args[1::2], args[2::2]))
+    assert pairs["--max-model-len"] == "8192" and pairs["--max-num-batched-tokens"] == "8192"
+    assert pairs["--dtype"] == "bfloat16" and pairs["--gpu-memory-utilization"] == "0.9"
+    assert args[-2:] == ["--block-size", "16"]  # extraArgs last, as given
+    assert args[args.index("--api-key") + 1] == "$(PAGODA_API_KEY)"
+    key = next(e for e in c["env"] if e["name"] == "PAGODA_API_KEY")
+    assert key["valueFrom"]["secretKeyRef"] == {"name": "llama-api-key", "key": "api-key"}
+    tp = _container(build_deployment(modelserver("pvc-uri"), CONFIG))["args"]
+    assert "--no-enable-prefix-caching" in tp and tp[tp.index("--tensor-parallel-size") + 1] == "2"
+
+
+def test_cache_layout_per_uri_kind():
+    pvc_uri = modelserver("pvc-uri")
+    assert build_cache_pvc(pvc_uri) is None
+    claim = next(
+        v
+        for v in build_deployment(pvc_uri, CONFIG)["spec"]["template"]["spec"]["volumes"]
+        if v["name"] == "model-cache"
+    )
+    assert claim["persistentVolumeClaim"] == {"claimName": "weights", "readOnly": True}
+    assert build_cache_pvc(modelserver("existing-claim")) is None
+    pvc = build_cache_pvc(modelserver("full"))
+    assert pvc["metadata"]["name"] == "full-cache" and "ownerReferences" not in pvc["metadata"]
+    assert pvc["spec"] == {
+        "accessModes": ["ReadWriteMany"],
+        "storageClassName": "standard-rwx",
+        "resources": {"requests": {"storage": "200Gi"}},
+    }
+    # No cache: each pod downloads into an emptyDir before serving.
+    assert build_loader_job(modelserver("cache-disabled"), CONFIG) is None
+    d = build_deployment(modelserver("cache-disabled"), CONFIG)["spec"]["template"]["spec"]
+    (init,) = d["initContainers"]
+    assert (
+        init["command"][:3] == ["pagoda", "download", "hf://org/m"] and init["image"] == CONFIG.runtime_image
+    )
+    assert next(v for v in d["volumes"] if v["name"] == "model-cache") == {
+        "name": "model-cache",
+        "emptyDir": {},
+    }
+
+
+def test_loader_job():
+    ms = modelserver("full")
+    job = build_loader_job(ms, CONFIG)
+    pod = job["spec"]["template"]["spec"]
+    _restricted(pod)
+    (download,), (plan,) = pod["initContainers"], pod["containers"]
+    target = "/models/hf/meta-llama/Llama-3.1-8B-Instruct/0e9e39f249a16976918f6564b8830bc894c89659"
+    assert download["command"] == ["pagoda", "download", ms.spec.model.uri, target]
+    assert {
+        "name": "HF_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}},
+    } in download["env"]
+    assert plan["name"] == PLAN_CONTAINER and plan["terminationMessagePath"] == "/dev/termination-log"
+    # H100-80GB, tensorParallelSize 1; the engine settings that change the figures go along.
+    assert plan["command"][3:] == [
+        "plan",
+        target,
+        "--gpu-memory-gib",
+        "80",
+        "--gpu-memory-utilization",
+        "0.9",
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "8192",
+    ]
+    assert "nvidia.com/gpu" not in str(plan["resources"])  # sizing needs no GPU
+    assert job["metadata"]["name"] == meta.loader_job_name(ms) and len(job["metadata"]["name"]) <= 63
+    # A new URI gets a new Job name, so it reloads.
+    other = ms.model_copy(deep=True)
+    other.spec.model.uri = "hf://meta-llama/Llama-3.1-8B-Instruct"
+    assert meta.loader_job_name(other) != meta.loader_job_name(ms)
+    cpu = build_loader_job(modelserver("cpu-demo"), CONFIG)["spec"]["template"]["spec"]["containers"][0]
+    assert cpu["command"][cpu["command"].index("--gpu-memory-gib") + 1] == "2"  # the pod's memory, in GiB
+    mounts = build_loader_job(modelserver("pvc-uri"), CONFIG)["spec"]["template"]["spec"]["initContainers"][
+        0
+    ]["volumeMounts"]
+    assert mounts[0]["readOnly"] is True  # pvc:// weights are never written
+
+
+def test_service():
+    svc = build_service(modelserver("minimal"))
+    assert svc["spec"]["type"] == "ClusterIP"
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+    assert (
+        svc["spec"]["selector"]
+        == build_deployment(modelserver("minimal"), CONFIG)["spec"]["selector"]["matchLabels"]
+    )
+
+
+def test_startup_threshold_rounds_up():
+    ms = modelserver("cpu-demo")
+    sp = _container(build_deployment(ms, CONFIG))["startupProbe"]
+    assert sp["failureThreshold"] == math.ceil(95 / 10)
+
+
+@pytest.mark.parametrize("name", [n for n in SPECS if n != "pvc-uri"])  # pvc-uri has tensorParallelSize 2
+def test_runtime_cli_accepts_the_deployment_args(name):
+    """The Deployment's args parse with the runtime's own `pagoda serve` parser (the contract)."""
+    import argparse
+
+    from pagoda.runtime.server.cli import add_arguments
+
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_arguments(parser)
+    ms = modelserver(name)
+    args = _container(build_deployment(ms, CONFIG))["args"]
+    if name == "full":
+        args = args[:-2]  # extraArgs are the user's own
+    parsed = parser.parse_args(args)
+    assert parsed.model == meta.model_uri(ms).mount_path
+    assert parsed.max_num_seqs == ms.spec.engine.max_num_seqs
+
+
+def test_plan_cli_accepts_the_loader_args():
+    import argparse
+
+    from pagoda.runtime.plan import add_arguments
+
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_arguments(parser)
+    for name in SPECS:
+        ms = modelserver(name)
+        job = build_loader_job(ms, CONFIG)
+        if job is None:
+            continue
+        command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+        parsed = parser.parse_args([*command[4:], "--json"])
+        assert parsed.json and parsed.model == meta.model_uri(ms).mount_path

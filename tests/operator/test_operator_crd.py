@@ -1,0 +1,177 @@
+"""The ModelServer CRD: generated from the pydantic spec, valid for Kubernetes, and its schema and
+CEL rules accept the examples and reject broken specs with messages that name the field."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import celpy
+import kubernetes_validate
+import pytest
+import yaml
+from crd_check import admit, crd_schema
+
+from pagoda.operator import crdgen
+from pagoda.operator.spec import ModelServer
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("modelserver-*.yaml"))
+K8S_VERSION = "1.37"
+
+
+def minimal() -> dict:
+    return {
+        "apiVersion": "pagoda.dev/v1alpha1",
+        "kind": "ModelServer",
+        "metadata": {"name": "demo", "namespace": "default"},
+        "spec": {"model": {"uri": "hf://Qwen/Qwen2.5-0.5B-Instruct"}},
+    }
+
+
+def test_checked_in_crd_matches_the_spec():
+    for path, text in crdgen.outputs().items():
+        assert path.read_text() == text, f"{path} drifted: run `python -m pagoda.operator.crdgen --write`"
+
+
+def test_crd_is_a_valid_kubernetes_object():
+    kubernetes_validate.validate(crdgen.build_crd(), K8S_VERSION, strict=True)
+
+
+def test_crd_shape():
+    version = crdgen.build_crd()["spec"]["versions"][0]
+    columns = [c["name"].upper() for c in version["additionalPrinterColumns"]]
+    assert columns == ["MODEL", "READY", "DESIRED", "WAITING", "PHASE", "AGE"]
+    assert version["subresources"]["status"] == {}
+    assert version["subresources"]["scale"]["labelSelectorPath"] == ".status.selector"
+
+
+def _rules(node):
+    if isinstance(node, dict):
+        yield from node.get("x-kubernetes-validations", [])
+        for value in node.values():
+            yield from _rules(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _rules(value)
+
+
+def test_every_cel_rule_compiles_and_names_a_field():
+    env = celpy.Environment()
+    rules = list(_rules(crd_schema()))
+    assert len(rules) >= 6
+    for r in rules:
+        env.compile(r["rule"])
+        assert "." in r["message"] or "metadata.name" in r["message"], r
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_are_admitted(path):
+    obj = yaml.safe_load(path.read_text())
+    defaulted, errors = admit(obj)
+    assert errors == []
+    # The operator reads the defaulted object with the same models the CRD came from.
+    ms = ModelServer.from_body(defaulted)
+    assert ms.spec.model.uri == obj["spec"]["model"]["uri"]
+
+
+def test_defaults_reach_nested_fields():
+    defaulted, errors = admit(minimal())
+    assert errors == []
+    spec = defaulted["spec"]
+    assert spec["replicas"] == 1 and spec["resources"]["gpus"] == 1
+    assert spec["engine"]["gpuMemoryUtilization"] == 0.9
+    assert spec["cache"] == {
+        "enabled": True,
+        "size": "100Gi",
+        "accessMode": "ReadWriteOnce",
+        "retainOnDelete": True,
+    }
+    assert spec["scaling"]["mode"] == "operator" and spec["scaling"]["targetWaitingRequests"] == 4.0
+
+
+BROKEN = {
+    "uri-scheme": (lambda s: s["model"].update(uri="s3://bucket/model"), "model.uri"),
+    "uri-no-name": (lambda s: s["model"].update(uri="hf://justorg"), "model.uri"),
+    "min-over-max": (lambda s: s.update(scaling={"minReplicas": 3, "maxReplicas": 2}), "scaling.minReplicas"),
+    "tp-not-dividing": (
+        lambda s: s.update(resources={"gpus": 4}, engine={"tensorParallelSize": 3}),
+        "engine.tensorParallelSize",
+    ),
+    "tp-on-cpu": (
+        lambda s: s.update(resources={"gpus": 0}, engine={"tensorParallelSize": 2}),
+        "tensorParallelSize",
+    ),
+    "gpu-type-without-gpus": (
+        lambda s: s.update(resources={"gpus": 0, "gpuType": "NVIDIA-L4"}),
+        "resources.gpuType",
+    ),
+    "existing-claim-with-pvc": (
+        lambda s: s.update(model={"uri": "pvc://weights/llama"}, cache={"existingClaim": "other"}),
+        "cache.existingClaim",
+    ),
+    "utilization-over-1": (
+        lambda s: s.update(engine={"gpuMemoryUtilization": 1.5}),
+        "engine.gpuMemoryUtilization",
+    ),
+    "bad-dtype": (lambda s: s.update(engine={"dtype": "int3"}), "engine.dtype"),
+    "negative-replicas": (lambda s: s.update(replicas=-1), "replicas"),
+    "bad-memory": (lambda s: s.update(resources={"memory": "lots"}), "resources.memory"),
+    "bad-port": (lambda s: s.update(service={"port": 70000}), "service.port"),
+    "no-model": (lambda s: s.pop("model"), "model"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN, ids=list(BROKEN))
+def test_broken_specs_are_rejected_naming_the_field(case):
+    mutate, field = BROKEN[case]
+    obj = minimal()
+    mutate(obj["spec"])
+    _, errors = admit(obj)
+    assert errors, f"{case} was admitted"
+    assert any(field in e for e in errors), errors
+
+
+def test_name_must_fit_the_owned_objects():
+    obj = minimal()
+    obj["metadata"]["name"] = "x" * 46
+    assert any("metadata.name" in e for e in admit(obj)[1])
+    obj["metadata"]["name"] = "9starts-with-digit"
+    assert any("metadata.name" in e for e in admit(obj)[1])
+
+
+def _loaded(obj: dict) -> dict:
+    old, errors = admit(obj)
+    assert errors == []
+    old["status"] = {"cache": {"ready": True, "uri": obj["spec"]["model"]["uri"]}}
+    return old
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("storageClassName", "fast"),
+        ("size", "500Gi"),
+        ("accessMode", "ReadWriteMany"),
+        ("existingClaim", "mine"),
+        ("enabled", False),
+    ],
+)
+def test_cache_fields_are_immutable_once_loaded(field, value):
+    old = _loaded(minimal())
+    new = copy.deepcopy(old)
+    new["spec"]["cache"][field] = value
+    _, errors = admit(new, old)
+    assert any("spec.cache" in e and "immutable" in e for e in errors), errors
+    # Before the cache is loaded the same change is fine.
+    del old["status"]
+    assert admit(new, old)[1] == []
+
+
+def test_other_changes_pass_once_loaded():
+    old = _loaded(minimal())
+    new = copy.deepcopy(old)
+    new["spec"]["cache"]["retainOnDelete"] = False
+    new["spec"]["replicas"] = 3
+    new["spec"]["model"]["uri"] = "hf://Qwen/Qwen2.5-1.5B-Instruct"
+    assert admit(new, old)[1] == []
