@@ -3,6 +3,7 @@ an operator install without torch, and tiny reference models that transformers c
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata as md
 import os
 import subprocess
@@ -107,3 +108,25 @@ def test_tiny_models_load_and_generate(tmp_path, family):
     again = build_tiny_model(tmp_path / "again", family, seed=3)
     a = transformers.AutoModelForCausalLM.from_pretrained(again)
     assert all(torch.equal(x, y) for x, y in zip(model.state_dict().values(), a.state_dict().values()))
+
+
+def test_operator_code_imports_only_what_the_operator_extra_installs():
+    """The operator image has pagoda[operator] and no torch: every third-party import under
+    operator/ must come with that extra, and importing the handlers must not load torch."""
+    imported = set()
+    for path in (ROOT / "operator").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"pagoda", "__future__"}
+    dists = md.packages_distributions()
+    needed = {d.lower().replace("_", "-") for module in third_party for d in dists.get(module, [module])}
+    own = [Requirement(r) for r in md.distribution("pagoda").requires or []]
+    available = _closure(own, {"operator"})
+    assert needed <= available, f"add to the operator extra: {sorted(needed - available)}"
+
+    code = "import sys, pagoda.operator.handlers, pagoda.operator.main; assert 'torch' not in sys.modules"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -2,14 +2,6 @@
 
 from __future__ import annotations
 
-import ast
-import importlib.metadata as md
-import subprocess
-import sys
-from pathlib import Path
-
-from packaging.requirements import Requirement
-
 from pagoda.operator.autoscaler.policy import PodLoad, ScalingParams, ScalingState, decide
 from pagoda.operator.autoscaler.timer import delegated_patch, fixed_patch, status_patch
 from pagoda.operator.spec import ModelServer
@@ -85,43 +77,3 @@ def test_equal_min_and_max_leave_spec_replicas_alone():
     scaling = next(c for c in patch["conditions"] if c["type"] == "ScalingActive")
     assert (scaling["status"], scaling["reason"]) == ("False", "FixedReplicas")
     assert patch["autoscaling"] == {"mode": "fixed"}
-
-
-def _operator_closure() -> set[str]:
-    """Distributions an install of pagoda[operator] pulls in, following the installed metadata."""
-    seen: set[str] = set()
-    stack = [(Requirement(r), {"operator"}) for r in md.distribution("pagoda").requires or []]
-    while stack:
-        req, extras = stack.pop()
-        if req.marker and not any(req.marker.evaluate({"extra": e}) for e in (extras or {""})):
-            continue
-        name = req.name.lower().replace("_", "-")
-        if name in seen:
-            continue
-        seen.add(name)
-        try:
-            requires = md.distribution(req.name).requires or []
-        except md.PackageNotFoundError:
-            continue
-        stack += [(Requirement(sub), set(req.extras)) for sub in requires]
-    return seen
-
-
-def test_the_operator_image_can_import_the_autoscaler():
-    """Every third-party import of operator/autoscaler/ comes with pagoda[operator], and none is torch."""
-    folder = Path(__file__).resolve().parents[2] / "operator" / "autoscaler"
-    imported = set()
-    for path in folder.glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                imported |= {alias.name.split(".")[0] for alias in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                imported.add(node.module.split(".")[0])
-    third_party = imported - set(sys.stdlib_module_names) - {"pagoda", "__future__"}
-    dists = md.packages_distributions()
-    needed = {d.lower().replace("_", "-") for module in third_party for d in dists.get(module, [module])}
-    assert needed <= _operator_closure(), f"add to the operator extra: {sorted(needed - _operator_closure())}"
-
-    code = "import sys, pagoda.operator.autoscaler.timer; assert 'torch' not in sys.modules"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
