@@ -90,7 +90,9 @@ class EngineSpec(Model):
     )
     dtype: Literal["auto", "float16", "bfloat16", "float32"] = Field(default="auto")
     enable_prefix_caching: bool = Field(default=True)
-    tensor_parallel_size: int = Field(default=1, ge=1, le=8, description="GPUs one model copy spans.")
+    tensor_parallel_size: int | None = Field(
+        default=None, ge=1, le=8, description="GPUs one model copy spans; unset means resources.gpus (1 on CPU)."
+    )
     extra_args: list[str] = Field(
         default_factory=list, max_length=64, description="Further `pagoda serve` flags, passed as-is."
     )
@@ -237,12 +239,19 @@ class ModelServerSpec(Model):
         default=1800, ge=30, le=86400, description="How long a pod may take to load weights and warm up."
     )
     scaling: ScalingSpec = Field(default_factory=ScalingSpec)
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """One model copy spans every GPU of the pod unless engine.tensorParallelSize says less."""
+        return self.engine.tensor_parallel_size or max(self.resources.gpus, 1)
+
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
                 rule(
-                    "self.resources.gpus == 0 ? self.engine.tensorParallelSize == 1"
-                    " : self.resources.gpus % self.engine.tensorParallelSize == 0",
+                    "!has(self.engine.tensorParallelSize) || (self.resources.gpus == 0"
+                    " ? self.engine.tensorParallelSize == 1"
+                    " : self.resources.gpus % self.engine.tensorParallelSize == 0)",
                     "engine.tensorParallelSize must divide resources.gpus (and be 1 when gpus is 0)",
                     ".engine.tensorParallelSize",
                 ),

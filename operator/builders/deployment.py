@@ -32,8 +32,8 @@ def serve_args(ms: ModelServer, model_path: str) -> list[str]:
         args += ["--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
     if not engine.enable_prefix_caching:
         args.append("--no-enable-prefix-caching")
-    if engine.tensor_parallel_size > 1:
-        args += ["--tensor-parallel-size", str(engine.tensor_parallel_size)]
+    if ms.spec.tensor_parallel_size > 1:
+        args += ["--tensor-parallel-size", str(ms.spec.tensor_parallel_size)]
     if ms.spec.resources.gpus == 0:
         args += ["--device", "cpu"]
     if ms.spec.api_key_secret_ref:

@@ -44,7 +44,7 @@ def plan_memory_gib(ms: ModelServer) -> tuple[float, bool]:
     if res.gpus == 0:
         return round(quantity_gib(res.memory), 3), False
     per_gpu, assumed = gpu_memory_gib(res.gpu_type, res.gpu_memory_gib)
-    return per_gpu * ms.spec.engine.tensor_parallel_size, assumed
+    return per_gpu * ms.spec.tensor_parallel_size, assumed
 
 
 def build_loader_job(ms: ModelServer, config: OperatorConfig) -> dict | None:

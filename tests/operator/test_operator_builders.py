@@ -43,6 +43,7 @@ SPECS = {
         "resources": {"gpus": 2, "gpuType": "NVIDIA-H200"},
         "engine": {"tensorParallelSize": 2, "enablePrefixCaching": False, "maxModelLen": 4096},
     },
+    "multi-gpu": {"model": {"uri": "hf://org/big"}, "resources": {"gpus": 4, "gpuType": "NVIDIA-H200"}},
     "existing-claim": {
         "model": {"uri": "hf://org/m@refs/pr/1"},
         "cache": {"existingClaim": "shared-models"},
@@ -233,7 +234,7 @@ def test_startup_threshold_rounds_up():
     assert sp["failureThreshold"] == math.ceil(95 / 10)
 
 
-@pytest.mark.parametrize("name", [n for n in SPECS if n != "pvc-uri"])  # pvc-uri has tensorParallelSize 2
+@pytest.mark.parametrize("name", list(SPECS))
 def test_runtime_cli_accepts_the_deployment_args(name):
     """The Deployment's args parse with the runtime's own `pagoda serve` parser (the contract)."""
     import argparse
@@ -249,6 +250,13 @@ def test_runtime_cli_accepts_the_deployment_args(name):
     parsed = parser.parse_args(args)
     assert parsed.model == meta.model_uri(ms).mount_path
     assert parsed.max_num_seqs == ms.spec.engine.max_num_seqs
+    # One pod holds one model copy over all its GPUs unless tensorParallelSize says less.
+    gpus = ms.spec.resources.gpus
+    assert parsed.tensor_parallel_size == (ms.spec.engine.tensor_parallel_size or max(gpus, 1))
+    if name == "multi-gpu":
+        assert parsed.tensor_parallel_size == 4
+        limits = _container(build_deployment(ms, CONFIG))["resources"]["limits"]
+        assert limits["nvidia.com/gpu"] in (4, "4")
 
 
 def test_plan_cli_accepts_the_loader_args():
