@@ -57,7 +57,8 @@ def run_metadata() -> dict:
     return dict(
         backend="pagoda",
         gpu=torch.cuda.get_device_name(),
-        commit=git("rev-parse", "HEAD") + ("-dirty" if dirty else ""),
+        # The GPU machine gets a copy of the tree without .git: the caller names the commit there.
+        commit=os.environ.get("PAGODA_COMMIT") or git("rev-parse", "HEAD") + ("-dirty" if dirty else ""),
         torch=torch.__version__,
         triton=triton.__version__,
         command=" ".join([Path(sys.executable).name, *sys.argv]),
