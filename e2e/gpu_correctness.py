@@ -7,13 +7,24 @@ For the Llama-3.1-8B shape and the Qwen2.5-0.5B shape, with one set of random we
 transformers and copied into Pagoda's model:
 1. Teacher-forced logits over 4 sequences of 256 tokens. Pagoda computes each sequence in a
    prefill chunk, a prefix-cache extension chunk and 16 single-token decode steps, so every
-   attention path reads the paged cache. Top-1 agreement with transformers (sdpa) and the
-   largest logit error, in bf16 and in fp32 (transformers' bf16-vs-fp32 agreement is reported
-   beside them: random weights leave near-ties that bf16 rounding alone can flip).
-2. Greedy generation through the continuous-batching engine: CUDA graphs replayed, the same
-   padded batches run eagerly (must match bit for bit: same kernels, same shapes), and the true
-   eager path of --enforce-eager (unpadded; different split counts and GEMM shapes, so a change
-   of token is accepted only at a near-tie, margin below NEAR_TIE nats in the eager run).
+   attention path reads the paged cache. In fp32, top-1 agreement with transformers (sdpa) must
+   be at least MIN_TOP1. In bf16 the reference is transformers in fp32 (the same weights, widened),
+   and Pagoda must be as close to it as transformers' own bf16 run is (the noise floor, measured
+   in the same run): top-1 agreement within BF16_TOP1_SLACK of it and a mean logit error at most
+   BF16_ERROR_RATIO times it.
+2. Greedy generation through the continuous-batching engine, in bf16 and in fp32: CUDA graphs
+   replayed, the same padded batches run eagerly (must match bit for bit: same kernels, same
+   shapes), and the true eager path of --enforce-eager (unpadded; different split counts and GEMM
+   shapes). A change of token against --enforce-eager is accepted only where the eager run's
+   top-2 margin at the first divergent token is within rounding noise: in bf16, below the largest
+   logit error that bf16 alone causes in transformers (measured above); in fp32, below FP32_TIE.
+
+Why not spread the logits with wider random weights: a token flips when the rounding error of
+the logits exceeds the top-2 gap, and both scale together with the weights, so scaling does not
+help; wider matrices make the network amplify rounding more (on the CPU, hidden 512, 8 layers,
+vocab 32000: HF bf16-vs-fp32 top-1 0.995 at transformers' std 0.02, 0.84 at std 0.15 for
+matrices). So the weights keep transformers' default init (normal, std initializer_range = 0.02),
+stated in the JSON, and the bf16 verdicts are relative to the measured noise floor instead.
 The JSON goes to --out; a table is printed; the exit status is 0 only when every check passes.
 """
 
@@ -31,8 +42,11 @@ from pathlib import Path
 
 import torch
 
-MIN_TOP1 = 0.99
-NEAR_TIE = 0.05  # nats between the eager run's top two tokens
+MIN_TOP1 = 0.99  # fp32 teacher-forced top-1 agreement with transformers
+BF16_TOP1_SLACK = 0.01  # Pagoda bf16 may agree with fp32 truth this much less than HF bf16 does
+BF16_ERROR_RATIO = 1.25  # ... and have at most this times HF bf16's mean logit error
+FP32_TIE = 1e-3  # nats: fp32 graphs vs eager differ only in summation order
+WEIGHT_INIT = "transformers default: normal(0, initializer_range=0.02) for matrices"
 BATCH, SEQ_LEN, DECODE_STEPS = 4, 256, 16
 DEVICE = "cuda"  # --smoke runs tiny shapes on the CPU, to check this script without a GPU
 
@@ -142,6 +156,8 @@ def generate(llm, prompts, params) -> list:
 
 
 def graphs_vs_eager(llm, vocab: int) -> dict:
+    """Token ids of graphs, padded-eager and --enforce-eager runs; the verdict on eager
+    divergences is `judge_generation`'s, once the noise floor is known."""
     from pagoda.runtime import SamplingParams
 
     rng = random.Random(0)
@@ -176,9 +192,15 @@ def graphs_vs_eager(llm, vocab: int) -> dict:
         "eager_divergences": divergences,
         "graphs_s": round(t_graphs, 3),
         "eager_s": round(t_eager, 3),
-        "ok": all(a.token_ids == b.token_ids for a, b in zip(replayed, padded))
-        and all(d["eager_margin"] < NEAR_TIE for d in divergences),
     }
+
+
+def judge_generation(gen: dict, tie_nats: float) -> dict:
+    gen["accepted_margin_nats"] = round(tie_nats, 5)
+    gen["ok"] = gen["padded_eager_identical"] == gen["prompts"] and all(
+        d["eager_margin"] <= tie_nats for d in gen["eager_divergences"]
+    )
+    return gen
 
 
 def free_memory() -> None:
@@ -195,7 +217,8 @@ def check_shape(root: Path, name: str, shape: dict) -> dict:
     vocab = shape["vocab_size"]
     gen = torch.Generator(device=DEVICE).manual_seed(1)
     ids = torch.randint(10, min(vocab, 30000), (BATCH, SEQ_LEN), device=DEVICE, generator=gen)
-    result: dict = {"num_hidden_layers": shape["num_hidden_layers"], "hidden_size": shape["hidden_size"]}
+    result: dict = {"num_hidden_layers": shape["num_hidden_layers"], "hidden_size": shape["hidden_size"],
+                    "weight_init": WEIGHT_INIT}
 
     llm = pagoda_llm(path, "bfloat16", weights, enforce_eager=False)
     ref_bf16 = hf_logits(hf, ids)
@@ -210,14 +233,23 @@ def check_shape(root: Path, name: str, shape: dict) -> dict:
     result["hf_bf16_vs_hf_fp32"] = compare(ref_bf16, ref_fp32)
     result["pagoda_bf16_vs_hf_fp32"] = compare(ours_bf16, ref_fp32)
     del ref_bf16, ours_bf16
-    llm = pagoda_llm(path, "float32", hf.state_dict(), enforce_eager=True)
+    # Graphs captured here too: in fp32, graphs and eager must agree but for true near-ties.
+    llm = pagoda_llm(path, "float32", hf.state_dict(), enforce_eager=False)
     result["fp32"] = compare(pagoda_logits(llm, ids), ref_fp32)
+    result["generation_fp32"] = judge_generation(graphs_vs_eager(llm, vocab), FP32_TIE)
     del llm, hf, ref_fp32
     free_memory()
+    floor, ours = result["hf_bf16_vs_hf_fp32"], result["pagoda_bf16_vs_hf_fp32"]
+    judge_generation(result["generation"], floor["max_logit_error"])
+    result["bf16_within_noise"] = (
+        ours["top1_agreement"] >= floor["top1_agreement"] - BF16_TOP1_SLACK
+        and ours["mean_logit_error"] <= BF16_ERROR_RATIO * floor["mean_logit_error"]
+    )
     result["ok"] = (
-        result["bf16"]["top1_agreement"] >= MIN_TOP1
+        result["bf16_within_noise"]
         and result["fp32"]["top1_agreement"] >= MIN_TOP1
         and result["generation"]["ok"]
+        and result["generation_fp32"]["ok"]
     )
     result["seconds"] = round(time.perf_counter() - t0, 1)
     return result
@@ -241,7 +273,9 @@ def main(argv=None) -> int:
                          num_key_value_heads=2, head_dim=16, vocab_size=512)
     env = environment()
     record = {"workload": "gpu-correctness", "backend": "pagoda", **env,
-              "command": "python " + " ".join(sys.argv), "min_top1": MIN_TOP1, "near_tie_nats": NEAR_TIE,
+              "command": "python " + " ".join(sys.argv), "min_top1": MIN_TOP1,
+              "bf16_top1_slack": BF16_TOP1_SLACK, "bf16_error_ratio": BF16_ERROR_RATIO,
+              "fp32_tie_nats": FP32_TIE, "weight_init": WEIGHT_INIT,
               "teacher_forced": {"batch": BATCH, "seq_len": SEQ_LEN, "decode_steps": DECODE_STEPS}}
     root = Path(tempfile.mkdtemp())
     try:
@@ -276,11 +310,14 @@ def print_table(record: dict, shapes: dict) -> None:
             label = {"bf16": "pagoda vs hf, bf16", "fp32": "pagoda vs hf, fp32"}.get(key, key)
             print(f"{name:14} {label:26} {c['top1_agreement']:8.4f} {c['max_logit_error']:9.4f} "
                   f"{c['logit_std']:9.3f}")
-        g = r["generation"]
-        print(f"{name:14} graphs == padded eager     {g['padded_eager_identical']}/{g['prompts']} sequences")
-        print(f"{name:14} graphs == --enforce-eager  {g['eager_identical']}/{g['prompts']} sequences "
-              f"(divergence margins: {[round(d['eager_margin'], 4) for d in g['eager_divergences']]}); "
-              f"{g['output_tokens']} tokens in {g['graphs_s']} s with graphs, {g['eager_s']} s eager")
+        print(f"{name:14} bf16 within the noise floor: {r['bf16_within_noise']}")
+        for key, dt in (("generation", "bf16"), ("generation_fp32", "fp32")):
+            g = r[key]
+            print(f"{name:14} {dt} graphs == padded eager  {g['padded_eager_identical']}/{g['prompts']} sequences")
+            print(f"{name:14} {dt} graphs == --enforce-eager {g['eager_identical']}/{g['prompts']} sequences "
+                  f"(divergence margins: {[round(d['eager_margin'], 4) for d in g['eager_divergences']]}, "
+                  f"accepted up to {g['accepted_margin_nats']}); "
+                  f"{g['output_tokens']} tokens in {g['graphs_s']} s with graphs, {g['eager_s']} s eager")
         print(f"{name:14} {'PASS' if r['ok'] else 'FAIL'} in {r['seconds']} s")
 
 

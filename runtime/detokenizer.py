@@ -3,6 +3,12 @@
 tokenizers' DecodeStream turns one token at a time into text and returns nothing while a UTF-8
 character is still incomplete, so text never ends in half a character. Priming it with the end of
 the prompt keeps tokenizers that strip a leading space (SentencePiece) from eating the first one.
+
+Without stop strings nothing in the engine depends on the text, so `update` only queues the ids
+and the text is produced when someone reads it (`get_text`, `flush`): a caller that wants only the
+final text pays for decoding once, at the end, and a streaming one pays after the step's GPU work
+is already launched. The tokens go through the stream in the same order either way, so the text
+is the same.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ class IncrementalDetokenizer:
         for token_id in self._prompt_suffix(prompt_token_ids):
             self._step(token_id)
         self.pending: list[int] = []  # output tokens whose bytes do not yet form whole characters
+        self.queued: list[int] = []  # output tokens not decoded yet (no stop strings: lazy)
 
     def _prompt_suffix(self, prompt: list[int]) -> list[int]:
         # The shortest tail of 4+ tokens that decodes cleanly (as vLLM picks it).
@@ -38,7 +45,7 @@ class IncrementalDetokenizer:
             return prompt
         for i in range(4, min(len(prompt) + 1, 24)):
             suffix = prompt[-i:]
-            if "\ufffd" not in self.tokenizer.decode(suffix):
+            if "\ufffd" not in self.backend.decode(suffix, skip_special_tokens=False):
                 return suffix
         return prompt[-4:]
 
@@ -59,9 +66,15 @@ class IncrementalDetokenizer:
             self.pending.append(token_id)
         return piece
 
+    def _decode_queued(self) -> None:
+        if self.queued:
+            queued, self.queued = self.queued, []
+            self.output_text += "".join(self._step_output(t) for t in queued)
+
     def flush(self) -> None:
         """At the end, bytes that never completed a character appear as U+FFFD, as in a full
         decode, instead of vanishing."""
+        self._decode_queued()
         if self.pending and not self.flushed:
             self.output_text += self.tokenizer.decode(
                 self.pending, skip_special_tokens=self.skip_special_tokens
@@ -78,6 +91,10 @@ class IncrementalDetokenizer:
         if stop_terminated and not self.include_stop_str_in_output:
             new_token_ids = new_token_ids[:-1]
             self.num_tokens += 1
+        if not self.stop:
+            self.num_tokens += len(new_token_ids)
+            self.queued.extend(new_token_ids)
+            return None
         stop_check_offset = len(self.output_text)
         for token_id in new_token_ids:
             self.num_tokens += 1
@@ -100,6 +117,7 @@ class IncrementalDetokenizer:
         return stop_str
 
     def get_text(self, finished: bool) -> str:
+        self._decode_queued()
         hold = 0 if finished else self.stop_buffer_length
         return self.output_text[:-hold] if hold else self.output_text
 

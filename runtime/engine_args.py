@@ -23,6 +23,7 @@ class EngineArgs:
     enforce_eager: bool = False
     served_model_name: str | None = None
     chat_template: str | None = None
+    tensor_parallel_size: int = 1  # ranks (GPUs) one model is split over; see runtime/distributed/
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -35,5 +36,7 @@ class EngineArgs:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.load_format not in ("auto", "safetensors", "dummy"):
             raise ValueError(f"load_format must be one of auto, safetensors, dummy; got {self.load_format!r}")

@@ -27,6 +27,7 @@ class LLM:
         enable_prefix_caching: bool = True,
         seed: int = 0,
         load_format: str = "auto",
+        tensor_parallel_size: int = 1,
         **kwargs,
     ):
         args = EngineArgs(
@@ -42,6 +43,7 @@ class LLM:
             enable_prefix_caching=enable_prefix_caching,
             seed=seed,
             load_format=load_format,
+            tensor_parallel_size=tensor_parallel_size,
             **kwargs,
         )
         self.llm_engine = LLMEngine.from_engine_args(args)
@@ -49,6 +51,16 @@ class LLM:
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
+
+    def shutdown(self) -> None:
+        """Stop tensor-parallel worker processes now (they also stop when the LLM is dropped)."""
+        self.llm_engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
 
     def generate(
         self,
@@ -127,7 +139,8 @@ class LLM:
         finished: dict[str, RequestOutput] = {}
         try:
             while engine.has_unfinished_requests():
-                for out in engine.step():
+                # Only finished outputs are read here, so unfinished ones are not even built.
+                for out in engine.step(final_only=True):
                     if out.finished and out.request_id in order:
                         finished[out.request_id] = out
                         if bar is not None:

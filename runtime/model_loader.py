@@ -1,6 +1,8 @@
 """Find a checkpoint (local folder or Hub id), build its model, and fill in the weights.
 
 load_format="dummy" fills random weights instead, for benchmarks; it needs only config.json.
+Under tensor parallelism (the model is built inside `tensor_parallel`), each rank reads only its
+shard: the weight loaders take lazy safetensors slices and read the rows or columns they keep.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ def resolve_model_path(model: str, allow_patterns: list[str] | None = None) -> P
         ) from exc
 
 
-def iter_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_safetensors(path: Path, lazy: bool = False) -> Iterator[tuple[str, object]]:
+    """(name, tensor) for every checkpoint tensor; with lazy=True, (name, safetensors slice), from
+    which a weight loader reads just the part it needs (see layers/weight_slice.py)."""
     from safetensors import safe_open
 
     index = path / "model.safetensors.index.json"
@@ -54,7 +58,7 @@ def iter_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     for name in tqdm(files, desc="Loading safetensors shards", unit="shard", disable=None):
         with safe_open(path / name, framework="pt") as f:
             for key in f.keys():
-                yield key, f.get_tensor(key)
+                yield key, (f.get_slice(key) if lazy else f.get_tensor(key))
 
 
 def load_model(cfg: ModelConfig, device: torch.device, load_format: str = "auto", seed: int = 0) -> nn.Module:
@@ -68,24 +72,30 @@ def load_model(cfg: ModelConfig, device: torch.device, load_format: str = "auto"
     finally:
         torch.set_default_dtype(previous)
     if load_format == "dummy":
-        _fill_dummy(model, seed)
+        weights = dummy_weights(model_cls.checkpoint_shapes(cfg), dtype, device, seed)
+        where = "dummy weights"
     else:
-        loaded = model.load_weights(iter_safetensors(cfg.path))
-        expected = {n for n, _ in model.named_parameters()}
-        if missing := expected - loaded:
-            raise ValueError(f"checkpoint in {cfg.path} lacks weights for: {sorted(missing)[:8]}")
+        weights = iter_safetensors(cfg.path, lazy=True)
+        where = f"checkpoint in {cfg.path}"
+    with torch.no_grad():
+        loaded = model.load_weights(weights)
+    expected = {n for n, _ in model.named_parameters()}
+    if missing := expected - loaded:
+        raise ValueError(f"{where} lacks weights for: {sorted(missing)[:8]}")
     return model.eval()
 
 
-def _fill_dummy(model: nn.Module, seed: int) -> None:
-    # Small values keep activations finite in bf16 through many layers; norms stay at one. Drawn
-    # on the parameter's own device, so an 8B dummy model fills in seconds.
-    generators: dict[torch.device, torch.Generator] = {}
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight") or "layernorm" in name:
-                param.fill_(1.0)
-                continue
-            if param.device not in generators:
-                generators[param.device] = torch.Generator(device=param.device).manual_seed(seed)
-            param.uniform_(-1e-2, 1e-2, generator=generators[param.device])
+def dummy_weights(
+    shapes: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype, device: torch.device, seed: int
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Random checkpoint-shaped tensors, one at a time, drawn in a fixed order from one generator:
+    every rank draws the same full tensors and keeps its shard, so a model with dummy weights is
+    the same model at any tensor-parallel size. Small values keep activations finite in bf16
+    through many layers; norms stay at one. Drawn on the device, so an 8B model fills in seconds."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    for name, shape in shapes:
+        tensor = torch.empty(shape, dtype=dtype, device=device)
+        if name.endswith("norm.weight") or "layernorm" in name:
+            yield name, tensor.fill_(1.0)
+        else:
+            yield name, tensor.uniform_(-1e-2, 1e-2, generator=generator)

@@ -6,6 +6,10 @@ device copy. A decode step (one token per request) is padded to a captured batch
 replayed as a CUDA graph; any other step runs eagerly over views of the same buffers. Logits are
 computed only for rows that end a request's known tokens (plus prompt rows asked for prompt
 logprobs), and the sampler reads back nothing but the sampled ids.
+
+`launch` enqueues the step and starts a non-blocking copy of the sampled ids into pinned host
+memory; `PendingStep.wait` is the step's one wait on the GPU. Between the two the engine does the
+previous step's host work (detokenization, outputs) while the GPU runs this one.
 """
 
 from __future__ import annotations
@@ -36,6 +40,26 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class PendingStep:
+    """A launched step whose sampled ids may still be on their way to the host."""
+
+    out: ModelRunnerOutput
+    requests: list[Request] = field(default_factory=list)  # the sampled rows, in order
+    token_ids: torch.Tensor | None = None  # host tensor, complete once `done` has fired
+    done: torch.cuda.Event | None = None
+
+    def wait(self) -> ModelRunnerOutput:
+        if self.token_ids is not None:
+            if self.done is not None:
+                self.done.synchronize()
+            sampled = self.out.sampled
+            for r, token in zip(self.requests, self.token_ids.tolist()):
+                sampled[r.request_id] = token
+            self.token_ids = None
+        return self.out
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -64,6 +88,11 @@ class ModelRunner:
         self.buffers: InputBuffers | None = None
         self.builder: BatchBuilder | None = None
         self.graphs: DecodeGraphs | None = None
+        # Landing place of the sampled ids. One buffer is enough: the engine waits on step N
+        # before it launches step N + 1.
+        pin = device.type == "cuda"
+        self.sampled_host = torch.zeros(max_num_seqs, dtype=torch.int64, pin_memory=pin)
+        self.sampled_done = torch.cuda.Event() if pin else None
 
     def weight_bytes(self) -> int:
         seen, total = set(), 0
@@ -191,24 +220,36 @@ class ModelRunner:
         with attention_context(ctx):
             return batch, self.model(b.input_ids[:t], b.positions[:t])
 
-    @torch.inference_mode()
     def execute(self, sched: SchedulerOutput, kv: KVCacheManager) -> ModelRunnerOutput:
+        return self.launch(sched, kv).wait()
+
+    @torch.inference_mode()
+    def launch(self, sched: SchedulerOutput, kv: KVCacheManager) -> PendingStep:
+        """Enqueue the step's forward and sampling; the sampled ids come with `wait()`."""
         batch, hidden = self._forward(sched, kv)
-        out = ModelRunnerOutput()
+        pending = PendingStep(ModelRunnerOutput())
+        out = pending.out
         to_sample = batch.sample_requests
         if to_sample:
             if batch.sample_all_rows:
                 rows = hidden[: batch.num_seqs]
             else:
                 rows = hidden[self.buffers.logits_indices[: len(to_sample)]]
-            sampled = self.sampler(self.model.compute_logits(rows), to_sample)
-            for r, token, lp in zip(to_sample, sampled.token_ids, sampled.logprobs):
-                out.sampled[r.request_id] = token
+            tokens, logprobs = self.sampler.sample(self.model.compute_logits(rows), to_sample)
+            for r, lp in zip(to_sample, logprobs):
                 if lp is not None:
                     out.logprobs[r.request_id] = lp
+            pending.requests = to_sample
+            if self.sampled_done is not None and tokens.is_cuda:
+                host = self.sampled_host[: len(to_sample)]
+                host.copy_(tokens, non_blocking=True)
+                self.sampled_done.record()
+                pending.token_ids, pending.done = host, self.sampled_done
+            else:
+                pending.token_ids = tokens.cpu()
         for r, row, first, last in batch.prompt_rows:
             out.prompt_logprobs[r.request_id] = self._prompt_logprobs(hidden, r, row, first, last)
-        return out
+        return pending
 
     def _prompt_logprobs(
         self, hidden: torch.Tensor, r: Request, row: int, first: int, last: int

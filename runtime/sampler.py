@@ -62,6 +62,14 @@ class Sampler:
         self.rng = random.Random(seed)
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
+        tokens, logprobs = self.sample(logits, requests)
+        return SamplerOutput(tokens.tolist(), logprobs)  # waits for the GPU
+
+    def sample(
+        self, logits: torch.Tensor, requests: list[Request]
+    ) -> tuple[torch.Tensor, list[TokenLogprobs | None]]:
+        """The sampled ids as a device tensor (nothing read back yet, unless logprobs were asked
+        for: those are host lists), and each row's logprobs or None."""
         params = [r.sampling_params for r in requests]
         logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         raw_logprobs = None
@@ -90,7 +98,7 @@ class Sampler:
             )
             for i, tl in zip(logprob_rows, gathered):
                 logprobs[i] = tl
-        return SamplerOutput(tokens.tolist(), logprobs)  # the step's one wait on the GPU
+        return tokens, logprobs
 
     def _mask_stops_before_min_tokens(
         self, logits: torch.Tensor, requests: list[Request], rows: list[int]

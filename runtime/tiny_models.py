@@ -40,10 +40,9 @@ class TinySpec:
 
 
 def _training_text() -> list[str]:
-    """Text the repository holds: this package's own source files, read in a fixed order."""
-    root = Path(__file__).resolve().parent
-    files = sorted(root.rglob("*.py"))[:40]
-    return [p.read_text(encoding="utf-8", errors="replace") for p in files]
+    """A frozen snapshot of some of the repository's own text (tiny_corpus.txt). It is a file of
+    its own, not the live sources, so that editing code never changes the tiny tokenizers."""
+    return [(Path(__file__).resolve().parent / "tiny_corpus.txt").read_text(encoding="utf-8")]
 
 
 def build_tokenizer(vocab_size: int = 512):

@@ -104,8 +104,9 @@ def test_tiny_models_load_and_generate(tmp_path, family):
     if family == "qwen2":
         assert model.config.tie_word_embeddings
         assert model.model.layers[0].self_attn.q_proj.bias is not None
-    # Deterministic from the seed.
+    # Deterministic from the seed, tokenizer included.
     again = build_tiny_model(tmp_path / "again", family, seed=3)
+    assert (again / "tokenizer.json").read_text() == (path / "tokenizer.json").read_text()
     a = transformers.AutoModelForCausalLM.from_pretrained(again)
     assert all(torch.equal(x, y) for x, y in zip(model.state_dict().values(), a.state_dict().values()))
 

@@ -73,7 +73,25 @@ class KVCacheManager:
         new_computed_blocks are prefix-cache hits for a request being scheduled for the first time;
         its num_computed_tokens must not yet count them.
         """
-        new_computed_blocks = new_computed_blocks or []
+        if not new_computed_blocks and self._has_room(request, num_new_tokens):
+            return []
+        return self._allocate(request, num_new_tokens, new_computed_blocks or [])
+
+    def _has_room(self, request: Request, num_new_tokens: int) -> bool:
+        """The common decode case, checked without building anything: the request's blocks hold
+        the new tokens and no block filled up, so there is nothing to allocate or cache."""
+        blocks = self.req_to_blocks.get(request.request_id)
+        if blocks is None:
+            return False
+        total = request.num_computed_tokens + num_new_tokens
+        full = min(total // self.block_size, len(request.block_hashes))
+        return total <= len(blocks) * self.block_size and full <= self.num_cached_blocks.get(
+            request.request_id, 0
+        )
+
+    def _allocate(
+        self, request: Request, num_new_tokens: int, new_computed_blocks: list[KVBlock]
+    ) -> list[KVBlock] | None:
         blocks = self.req_to_blocks.get(request.request_id, [])
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         total = num_computed + num_new_tokens

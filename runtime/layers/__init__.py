@@ -1,1 +1,1 @@
-"""Building blocks of the Llama family, shaped for tensor parallelism (world size 1 for now)."""
+"""Building blocks of the Llama family, sharded for tensor parallelism (see parallel_state.py)."""

@@ -3,7 +3,8 @@
 A column-parallel layer splits its output features across ranks, a row-parallel one its input
 features (followed by an all-reduce). The attention block is column (qkv) then row (o_proj), the
 MLP column (gate_up) then row (down), so a whole block needs one all-reduce per half. Each
-parameter carries a weight_loader that cuts this rank's slice out of a checkpoint tensor.
+parameter carries a weight_loader that cuts this rank's slice out of a checkpoint tensor (or a
+lazy safetensors slice, so only that slice is read from disk).
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagoda.runtime.layers.parallel_state import all_reduce, divide, get_tp_rank, get_tp_size
+from pagoda.runtime.layers.parallel_state import current_tp, divide, get_tp_size, kv_heads_per_rank
+from pagoda.runtime.layers.weight_slice import materialize, narrow, shape_of
 
 
 class LinearBase(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool, tp_dim: int | None):
         super().__init__()
-        self.tp_rank, self.tp_size, self.tp_dim = get_tp_rank(), get_tp_size(), tp_dim
+        self.tp = current_tp()
+        self.tp_rank, self.tp_size, self.tp_dim = self.tp.rank, self.tp.size, tp_dim
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
         if bias:
@@ -27,11 +30,12 @@ class LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        if self.tp_dim is not None and self.tp_dim < loaded.dim():
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id=None) -> None:
+        if self.tp_dim is not None and self.tp_dim < len(shape_of(loaded)):
             size = param.shape[self.tp_dim]
-            loaded = loaded.narrow(self.tp_dim, self.tp_rank * size, size)
-        param.data.copy_(loaded)
+            param.data.copy_(narrow(loaded, self.tp_dim, self.tp_rank * size, size))
+        else:
+            param.data.copy_(materialize(loaded))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -54,11 +58,10 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.output_sizes = output_sizes
         super().__init__(in_features, sum(output_sizes), bias)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id: int) -> None:
         offset = divide(sum(self.output_sizes[:shard_id]), self.tp_size)
         size = divide(self.output_sizes[shard_id], self.tp_size)
-        loaded = loaded.narrow(0, self.tp_rank * size, size)
-        param.data.narrow(0, offset, size).copy_(loaded)
+        param.data.narrow(0, offset, size).copy_(narrow(loaded, 0, self.tp_rank * size, size))
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -68,18 +71,18 @@ class QKVParallelLinear(ColumnParallelLinear):
         tp = get_tp_size()
         self.head_dim = head_dim
         self.num_heads = divide(num_heads, tp)
-        # With more ranks than KV heads, each rank keeps a replica of one KV head.
-        self.num_kv_heads = max(1, num_kv_heads // tp)
+        # With more ranks than KV heads, each rank keeps a replica of one KV head: ranks
+        # kv_replicas * j .. kv_replicas * (j + 1) - 1 all hold KV head j, which their q heads use.
+        self.num_kv_heads = kv_heads_per_rank(num_kv_heads, tp)
         self.kv_replicas = max(1, tp // num_kv_heads)
         out = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp
         super().__init__(hidden_size, out, bias)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id: str) -> None:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         offset, size = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}[shard_id]
         rank = self.tp_rank if shard_id == "q" else self.tp_rank // self.kv_replicas
-        loaded = loaded.narrow(0, rank * size, size)
-        param.data.narrow(0, offset, size).copy_(loaded)
+        param.data.narrow(0, offset, size).copy_(narrow(loaded, 0, rank * size, size))
 
 
 class RowParallelLinear(LinearBase):
@@ -89,4 +92,4 @@ class RowParallelLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The bias is added once, after the partial sums are reduced.
         y = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
-        return all_reduce(y)
+        return self.tp.all_reduce(y)

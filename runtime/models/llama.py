@@ -15,18 +15,20 @@ from pagoda.kernels import ops
 from pagoda.runtime.layers.attention import Attention
 from pagoda.runtime.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pagoda.runtime.layers.norm import RMSNorm
-from pagoda.runtime.layers.parallel_state import divide, get_tp_size
+from pagoda.runtime.layers.parallel_state import divide, get_tp_size, kv_heads_per_rank
 from pagoda.runtime.layers.rotary import RotaryEmbedding
 from pagoda.runtime.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+from pagoda.runtime.layers.weight_slice import materialize
 from pagoda.runtime.model_config import ModelConfig
 
 
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        # This rank's heads; KV heads are replicated when there are fewer of them than ranks.
         tp = get_tp_size()
         self.num_heads = divide(cfg.num_heads, tp)
-        self.num_kv_heads = max(1, cfg.num_kv_heads // tp)
+        self.num_kv_heads = kv_heads_per_rank(cfg.num_kv_heads, tp)
         self.q_size = self.num_heads * cfg.head_dim
         self.kv_size = self.num_kv_heads * cfg.head_dim
         self.qkv_proj = QKVParallelLinear(
@@ -115,7 +117,33 @@ class LlamaForCausalLM(nn.Module):
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]
 
+    @staticmethod
+    def checkpoint_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+        """The unsharded tensors of a Hugging Face checkpoint of this config, in a fixed order:
+        dummy weights are drawn in these shapes, so they do not depend on the parallel size."""
+        h, d = cfg.hidden_size, cfg.head_dim
+        q, kv, inter = cfg.num_heads * d, cfg.num_kv_heads * d, cfg.intermediate_size
+        shapes = [("model.embed_tokens.weight", (cfg.vocab_size, h))]
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            shapes += [(p + "input_layernorm.weight", (h,)), (p + "post_attention_layernorm.weight", (h,))]
+            for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+                shapes.append((f"{p}self_attn.{name}.weight", (rows, h)))
+                if cfg.qkv_bias:
+                    shapes.append((f"{p}self_attn.{name}.bias", (rows,)))
+            shapes += [
+                (p + "self_attn.o_proj.weight", (h, q)),
+                (p + "mlp.gate_proj.weight", (inter, h)),
+                (p + "mlp.up_proj.weight", (inter, h)),
+                (p + "mlp.down_proj.weight", (h, inter)),
+            ]
+        shapes.append(("model.norm.weight", (h,)))
+        if not cfg.tie_word_embeddings:
+            shapes.append(("lm_head.weight", (cfg.vocab_size, h)))
+        return shapes
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load (name, tensor or lazy safetensors slice) pairs; each loader reads its own shard."""
         params = dict(self.named_parameters(remove_duplicate=False))
         loaded = set()
         for name, tensor in weights:
@@ -134,6 +162,6 @@ class LlamaForCausalLM(nn.Module):
                     raise ValueError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}")
                 param = params[name]
                 loader = getattr(param, "weight_loader", None)
-                loader(param, tensor) if loader else param.data.copy_(tensor)
+                loader(param, tensor) if loader else param.data.copy_(materialize(tensor))
                 loaded.add(name)
         return loaded

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.datastructures import Headers
 
-from pagoda.runtime.server.async_engine import AsyncEngine
+from pagoda.runtime.server.engine_client import EngineClient
 from pagoda.runtime.server.errors import APIError, bad_request, error_body, install_error_handlers
 from pagoda.runtime.server.metrics import ServerMetrics
 from pagoda.runtime.server.protocol import (
@@ -90,7 +90,7 @@ async def _send_error(send, err: APIError) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def build_app(client: AsyncEngine, config: ServerConfig, metrics: ServerMetrics | None = None) -> FastAPI:
+def build_app(client: EngineClient, config: ServerConfig, metrics: ServerMetrics | None = None) -> FastAPI:
     if metrics is None:
         metrics = ServerMetrics(config.served_model_names[0], client.stats)
     client.metrics = metrics

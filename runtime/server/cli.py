@@ -47,6 +47,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue-len", type=int, default=None,
                    help="answer 429 when this many requests already wait (default: no limit)")
     p.add_argument("--enforce-eager", action="store_true", help="do not capture CUDA graphs")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
+                   help="split the model over N GPUs of this host, one process per GPU (N must divide the "
+                        "attention heads; on --device cpu, N gloo ranks) (default: %(default)s)")
+    p.add_argument("--engine-mode", default="process", choices=["process", "thread"],
+                   help="run the engine's step loop in its own process, away from the HTTP server's GIL, or "
+                        "in a thread of the server (starts faster; slower under load) (default: %(default)s)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"],
                    help="log level for pagoda and uvicorn (default: info)")
 
@@ -91,6 +97,7 @@ def engine_args_from(args):
         seed=args.seed,
         load_format=args.load_format,
         enforce_eager=args.enforce_eager,
+        tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),  # namespaces built by hand (demo)
         served_model_name=(args.served_model_name or [None])[0],
         chat_template=read_chat_template(args.chat_template),
     )
@@ -111,13 +118,13 @@ def log_memory_plan(plan) -> None:
 def build_server(args):
     """Load the engine (this takes a while: weights, memory profiling) and wrap it in the app."""
     from pagoda.runtime.server.app import build_app
-    from pagoda.runtime.server.async_engine import AsyncEngine
     from pagoda.runtime.server.serving import ServerConfig
 
     engine_args = engine_args_from(args)
-    logger.info("loading %s", args.model)
-    client = AsyncEngine.from_engine_args(engine_args)
-    log_memory_plan(getattr(client.engine, "memory_plan", None))
+    engine_mode = getattr(args, "engine_mode", "process")  # callers that build args by hand (demo)
+    logger.info("loading %s (engine mode: %s)", args.model, engine_mode)
+    client = build_engine_client(engine_args, engine_mode, getattr(args, "log_level", "info"))
+    log_memory_plan(client.memory_plan)
     random_weights = has_random_weights(args.model, args.load_format)
     if random_weights:
         logger.warning("%s has RANDOM weights: the API works, but the text it writes is meaningless",
@@ -133,6 +140,16 @@ def build_server(args):
     return build_app(client, config)
 
 
+def build_engine_client(engine_args, engine_mode: str, log_level: str = "info"):
+    if engine_mode == "process":
+        from pagoda.runtime.server.process_engine import ProcessEngine
+
+        return ProcessEngine.from_engine_args(engine_args, log_level=log_level)
+    from pagoda.runtime.server.async_engine import AsyncEngine
+
+    return AsyncEngine.from_engine_args(engine_args)
+
+
 def configure_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -140,7 +157,13 @@ def configure_logging(level: str) -> None:
 def run(args) -> int:
     import uvicorn
 
+    from pagoda.runtime.server.process_engine import EngineStartError
+
     configure_logging(args.log_level)
-    app = build_server(args)
+    try:
+        app = build_server(args)
+    except EngineStartError as exc:
+        logger.error("cannot serve %s: %s", args.model, exc)
+        return 1
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_keep_alive=30)
     return 0

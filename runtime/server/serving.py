@@ -11,7 +11,7 @@ from fastapi import Request
 from starlette.responses import StreamingResponse
 
 from pagoda.runtime.sampling_params import SamplingParams
-from pagoda.runtime.server.async_engine import AsyncEngine, EngineDeadError, RequestStream
+from pagoda.runtime.server.engine_client import EngineClient, EngineDeadError, RequestStream
 from pagoda.runtime.server.errors import APIError, bad_request, error_body
 from pagoda.runtime.server.protocol import SamplingFields
 
@@ -29,12 +29,12 @@ class ServerConfig:
 
 
 class OpenAIServing:
-    def __init__(self, client: AsyncEngine, config: ServerConfig):
+    def __init__(self, client: EngineClient, config: ServerConfig):
         self.client = client
         self.config = config
         self.tokenizer = client.tokenizer
         self.max_model_len = client.max_model_len
-        vocab = getattr(client.engine.model_config, "vocab_size", None) or len(self.tokenizer)
+        vocab = client.vocab_size or len(self.tokenizer)
         # Ids the model knows but the tokenizer cannot spell would break detokenization.
         self.num_token_ids = min(vocab, len(self.tokenizer))
 
@@ -179,6 +179,13 @@ async def until_disconnect(raw: Request, awaitable):
 def sse(payload) -> str:
     body = payload if isinstance(payload, str) else payload.model_dump_json(exclude_unset=False)
     return f"data: {body}\n\n"
+
+
+def sse_json(data: dict) -> str:
+    """One SSE event from plain data, in the same JSON a pydantic model would write. At full load the
+    server writes thousands of chunks a second: json.dumps on dicts costs a fraction of building and
+    dumping a model per chunk, so the per-token chunks take this path."""
+    return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
 def sse_error(exc: BaseException) -> str:

@@ -6,8 +6,8 @@ import time
 
 from fastapi import Request
 
-from pagoda.runtime.server.async_engine import EngineDeadError
 from pagoda.runtime.server.deltas import ChoiceState, chat_logprobs, holdback_for, next_text
+from pagoda.runtime.server.engine_client import EngineDeadError
 from pagoda.runtime.server.errors import bad_request
 from pagoda.runtime.server.protocol import (
     AssistantMessage,
@@ -22,7 +22,7 @@ from pagoda.runtime.server.protocol import (
     UsageInfo,
     random_id,
 )
-from pagoda.runtime.server.serving import OpenAIServing, SSEResponse, sse, sse_error
+from pagoda.runtime.server.serving import OpenAIServing, SSEResponse, sse, sse_error, sse_json
 
 
 class ServingChat(OpenAIServing):
@@ -107,11 +107,13 @@ class ServingChat(OpenAIServing):
                     if not text and not finished and not (logprobs and logprobs.content):
                         continue
                     state.done = finished
-                    choices.append(ChatStreamChoice(index=c.index, delta=DeltaMessage(content=text or None),
-                                                    logprobs=logprobs, finish_reason=c.finish_reason,
-                                                    stop_reason=c.stop_reason))
+                    choices.append({"index": c.index, "delta": {"role": None, "content": text or None},
+                                    "logprobs": logprobs.model_dump() if logprobs else None,
+                                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
                 if choices:
-                    yield chunk(choices)
+                    # ChatCompletionChunk's JSON, built from dicts (see sse_json).
+                    yield sse_json({"id": request_id, "object": "chat.completion.chunk", "created": created,
+                                    "model": model, "choices": choices, "usage": None})
             if include_usage and out is not None:
                 prompt_tokens = len(out.prompt_token_ids)
                 completion_tokens = sum(len(c.token_ids) for c in out.outputs)

@@ -6,8 +6,8 @@ import time
 
 from fastapi import Request
 
-from pagoda.runtime.server.async_engine import EngineDeadError
 from pagoda.runtime.server.deltas import ChoiceState, completion_logprobs, holdback_for, next_text
+from pagoda.runtime.server.engine_client import EngineDeadError
 from pagoda.runtime.server.errors import bad_request
 from pagoda.runtime.server.protocol import (
     CompletionChoice,
@@ -16,7 +16,7 @@ from pagoda.runtime.server.protocol import (
     UsageInfo,
     random_id,
 )
-from pagoda.runtime.server.serving import OpenAIServing, SSEResponse, merge_streams, sse, sse_error
+from pagoda.runtime.server.serving import OpenAIServing, SSEResponse, merge_streams, sse, sse_error, sse_json
 
 
 class ServingCompletion(OpenAIServing):
@@ -95,10 +95,13 @@ class ServingCompletion(OpenAIServing):
                         continue
                     choice = self._chunk_choice(req, prompts[i], out, c, state, holdback)
                     if choice is not None:
-                        choice.index = i * req.n + c.index
+                        choice["index"] = i * req.n + c.index
                         choices.append(choice)
                 if choices:
-                    yield sse(CompletionResponse(id=request_id, created=created, model=model, choices=choices))
+                    # CompletionResponse's JSON, built from dicts (see sse_json).
+                    yield sse_json({"id": request_id, "object": "text_completion", "created": created,
+                                    "model": model, "choices": choices, "usage": None,
+                                    "system_fingerprint": None})
             if req.stream_options and req.stream_options.include_usage:
                 usage = UsageInfo(
                     prompt_tokens=sum(len(o.prompt_token_ids) for o in last.values()),
@@ -128,5 +131,5 @@ class ServingCompletion(OpenAIServing):
             return None
         state.started = True
         state.done = finished
-        return CompletionChoice(index=c.index, text=text, logprobs=logprobs, finish_reason=c.finish_reason,
-                                stop_reason=c.stop_reason)
+        return {"index": c.index, "text": text, "logprobs": logprobs.model_dump() if logprobs else None,
+                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}

@@ -1,4 +1,8 @@
-"""Shared fixtures: tiny checkpoints, live servers on them (real engine), and the HF reference."""
+"""Shared fixtures: tiny checkpoints, live servers on them (real engine), and the HF reference.
+
+`server` and `cycle_server` run the engine in its own process, as `pagoda serve` does by default;
+`queue_server` and the servers tests build for themselves run it in a thread, so both engine
+clients serve the whole API in these tests."""
 
 from __future__ import annotations
 
@@ -41,14 +45,14 @@ def hf_tiny(tiny_dir) -> HF:
 
 @pytest.fixture(scope="session")
 def server(tiny_dir):
-    s = LiveServer(tiny_dir, max_model_len=256)
+    s = LiveServer(tiny_dir, max_model_len=256, engine_mode="process")
     yield s
     s.close()
 
 
 @pytest.fixture(scope="session")
 def cycle_server(cycle_model):
-    s = LiveServer(cycle_model.path, max_model_len=512)
+    s = LiveServer(cycle_model.path, max_model_len=512, engine_mode="process")
     yield s
     s.close()
 

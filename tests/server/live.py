@@ -12,8 +12,7 @@ import uvicorn
 
 from pagoda.runtime.engine_args import EngineArgs
 from pagoda.runtime.server.app import build_app
-from pagoda.runtime.server.async_engine import AsyncEngine
-from pagoda.runtime.server.cli import has_random_weights
+from pagoda.runtime.server.cli import build_engine_client, has_random_weights
 from pagoda.runtime.server.serving import ServerConfig
 from pagoda.runtime.tiny_models import build_tiny_model
 
@@ -27,12 +26,15 @@ def free_port() -> int:
 
 
 class LiveServer:
-    """uvicorn in a background thread; the engine runs in its own thread behind AsyncEngine."""
+    """uvicorn in a background thread; the engine steps in its own process (engine_mode="process")
+    or in a thread of this one ("thread")."""
 
-    def __init__(self, model_dir, *, api_key=None, max_queue_len=None, **engine_kwargs):
+    def __init__(self, model_dir, *, api_key=None, max_queue_len=None, engine_mode="thread", **engine_kwargs):
         engine_kwargs.setdefault("device", "cpu")
         self.model_dir = str(model_dir)
-        self.client = AsyncEngine.from_engine_args(EngineArgs(model=self.model_dir, **engine_kwargs))
+        self.engine_mode = engine_mode
+        self.client = build_engine_client(EngineArgs(model=self.model_dir, **engine_kwargs), engine_mode,
+                                          log_level="warning")
         config = ServerConfig([MODEL], self.model_dir, api_key=api_key, max_queue_len=max_queue_len,
                               random_weights=has_random_weights(self.model_dir))
         self.app = build_app(self.client, config)
@@ -53,7 +55,7 @@ class LiveServer:
         return self.base_url + "/v1"
 
     def stats(self) -> dict:
-        """The engine client's latest EngineStats snapshot (taken by the engine thread)."""
+        """The engine client's latest EngineStats snapshot (taken by the engine after its last step)."""
         return self.client.stats()
 
     def wait_idle(self, timeout: float = 20.0) -> dict:

@@ -104,7 +104,7 @@ def test_plan_matches_the_engine(server):
     """The engine's start-up arithmetic and `pagoda plan` agree on what they both compute."""
     from pagoda.runtime.plan import make_plan
 
-    engine_plan = server.client.engine.memory_plan
+    engine_plan = server.client.memory_plan
     plan = make_plan(server.model_dir, gpu_memory_gib=1, max_model_len=256)
     assert plan["weight_bytes"] == engine_plan.weight_bytes
     assert plan["kv_bytes_per_token"] == engine_plan.kv_bytes_per_token

@@ -1,4 +1,5 @@
-"""The engine client on its own: the step loop runs in its thread whatever the event loop does."""
+"""The engine clients on their own, in both modes: the step loop runs in its thread or process
+whatever the event loop does; aborts free blocks; the engine's errors come back to the caller."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import pytest
 
 from pagoda.runtime.engine_args import EngineArgs
 from pagoda.runtime.sampling_params import SamplingParams
-from pagoda.runtime.server.async_engine import AsyncEngine, EngineDeadError
+from pagoda.runtime.server.cli import build_engine_client
+from pagoda.runtime.server.engine_client import EngineDeadError
 
 
-@pytest.fixture
-async def client(cycle_model):
-    c = AsyncEngine.from_engine_args(EngineArgs(cycle_model.path, max_model_len=512, device="cpu"))
+@pytest.fixture(params=["thread", "process"])
+async def client(request, cycle_model):
+    c = build_engine_client(EngineArgs(cycle_model.path, max_model_len=512, device="cpu"), request.param,
+                            log_level="warning")
     c.start()
     yield c
     await c.shutdown()
@@ -38,7 +41,7 @@ async def test_engine_errors_surface_at_add_and_others_go_on(client, cycle_model
     ok = await client.add_request("ok", None, cycle_model.euro, greedy)
     with pytest.raises(ValueError, match="already in use"):
         await client.add_request("ok", None, cycle_model.euro, greedy)
-    with pytest.raises(ValueError, match="token ids"):  # the engine's own check, raised in its thread
+    with pytest.raises(ValueError, match="token ids"):  # the engine's own check, raised on its side
         await client.add_request("bad", None, [10**6], greedy)
     outputs = [o async for o in ok]
     assert outputs[-1].finished and len(outputs[-1].outputs[0].token_ids) == 8

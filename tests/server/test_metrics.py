@@ -48,7 +48,7 @@ def test_exposition_has_the_design_set(server):
     for name in HISTOGRAMS:
         assert kinds["pagoda:" + name] == "histogram"
     values = scrape(server)
-    assert values["pagoda:kv_cache_capacity_tokens"] == server.client.engine.memory_plan.kv_capacity_tokens
+    assert values["pagoda:kv_cache_capacity_tokens"] == server.client.memory_plan.kv_capacity_tokens
 
 
 def test_metrics_move_under_load(queue_server, cycle_model):

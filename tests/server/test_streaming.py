@@ -11,6 +11,8 @@ import httpx
 import openai
 import pytest
 
+from pagoda.runtime.server.protocol import ChatCompletionChunk, CompletionResponse
+
 from .live import HF, MODEL
 
 
@@ -55,6 +57,8 @@ def test_sse_framing_chat(server):
     assert last["choices"][0]["finish_reason"] in ("stop", "length")
     assert all(c["finish_reason"] is None for e in [events[0], *content] for c in e["choices"])
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] >= 1
+    # The per-token chunks are built from dicts, not models: they must be exactly the model's JSON.
+    assert all(ChatCompletionChunk.model_validate(e).model_dump(mode="json") == e for e in events)
     streamed = "".join(c["delta"]["content"] or "" for e in events[1:-1] for c in e["choices"])
     whole = httpx.post(server.v1 + "/chat/completions", json={**body, "stream": False}).json()
     assert streamed == whole["choices"][0]["message"]["content"]
@@ -68,6 +72,7 @@ def test_sse_framing_completions_n2(server):
     events = parse_events(lines)
     *chunks, usage = events
     assert usage["choices"] == []
+    assert all(CompletionResponse.model_validate(e).model_dump(mode="json") == e for e in events)
     whole = httpx.post(server.v1 + "/completions", json={**body, "stream": False}).json()
     for choice in whole["choices"]:
         mine = [c for e in chunks for c in e["choices"] if c["index"] == choice["index"]]
@@ -75,6 +80,19 @@ def test_sse_framing_completions_n2(server):
         assert mine[-1]["finish_reason"] == choice["finish_reason"]
         assert all(c["finish_reason"] is None for c in mine[:-1])
     assert usage["usage"] == whole["usage"]
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "x = ", "logprobs": 2, "echo": True}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True,
+                              "top_logprobs": 2}),
+])
+def test_streamed_logprobs_have_the_models_shape(server, path, body):
+    body = {"model": MODEL, "max_tokens": 5, "temperature": 0, "stream": True, **body}
+    events = parse_events(read_sse(server.base_url, path, body)[1])
+    model = CompletionResponse if path == "/v1/completions" else ChatCompletionChunk
+    assert all(model.model_validate(e).model_dump(mode="json") == e for e in events)
+    assert any(c["logprobs"] for e in events for c in e["choices"])
 
 
 def test_multibyte_characters_are_never_split(cycle_server, cycle_model, hf_cycle):
