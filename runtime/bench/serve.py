@@ -157,6 +157,11 @@ def print_table(rates: list[dict]) -> None:
         print("  ".join(cell.rjust(w) for cell, w in zip(row, widths)))
 
 
+# Seeds of the other request sets, far from the measured set's so that no two share a prompt.
+WARMUP_SEED_OFFSET = 1_000_003
+RATE_SEED_STRIDE = 7_919
+
+
 def run(args) -> int:
     root = _root(args.base_url)
     headers = _headers(args.api_key)
@@ -167,15 +172,22 @@ def run(args) -> int:
     requests = workloads.serving_requests(args.num_prompts, args.seed, args.input_len, args.output_len)
     prompts, prompt_format = build_prompts(args, requests, url, model, headers)
     if args.warmup_prompts:
-        warm = workloads.serving_requests(args.warmup_prompts, args.seed + 1, args.input_len, (16, 16))
+        warm = workloads.serving_requests(args.warmup_prompts, args.seed + WARMUP_SEED_OFFSET, args.input_len, (16, 16))
         warm_prompts, _ = build_prompts(args, warm, url, model, headers, prompt_format)
         results, _ = asyncio.run(run_load(url, warm, warm_prompts, model, float("inf"), args.max_concurrency,
                                           headers, args.seed, args.timeout, progress=False))
         failed = sum(not r.success for r in results)
         print(f"warm-up: {len(results) - failed} of {len(results)} requests ok")
     rates = []
-    for rate_text in args.request_rate:
+    for index, rate_text in enumerate(args.request_rate):
         rate = float(rate_text)
+        if index:
+            # Fresh prompts for every rate after the first: the server's prefix cache still holds
+            # the earlier rates' prompts, and re-sending them would skip their prefill.
+            requests = workloads.serving_requests(
+                args.num_prompts, args.seed + index * RATE_SEED_STRIDE, args.input_len, args.output_len
+            )
+            prompts, _ = build_prompts(args, requests, url, model, headers, prompt_format)
         results, duration = asyncio.run(run_load(
             url, requests, prompts, model, rate, args.max_concurrency, headers, args.seed,
             args.timeout, progress=not args.no_progress))

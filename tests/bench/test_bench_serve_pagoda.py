@@ -10,7 +10,7 @@ import sys
 import httpx
 import pytest
 
-from pagoda.runtime.bench import workloads
+from pagoda.runtime.bench import serve, workloads
 from pagoda.runtime.cli import main
 
 
@@ -54,8 +54,9 @@ def test_bench_serve_against_pagoda(pagoda_server, tmp_path):
     record = json.loads(path.read_text())
     assert record["model"] == "tiny" and record["prompt_format"] == "ids"
     assert (out / record["plot"]).read_bytes()[:4] == b"\x89PNG"
-    requests = workloads.serving_requests(4, 1, (16, 32), (4, 8))
-    for rate in record["rates"]:
+    for index, rate in enumerate(record["rates"]):
+        # Each rate after the first gets fresh prompts, so no rate rides on another's prefix cache.
+        requests = workloads.serving_requests(4, 1 + index * serve.RATE_SEED_STRIDE, (16, 32), (4, 8))
         assert rate["completed"] == 4 and rate["failed"] == 0 and rate["errors"] == {}
         # The server honoured min_tokens/ignore_eos and took the token-id prompts as they are.
         assert rate["output_len_mismatches"] == 0 and rate["usage_reported"]
@@ -66,8 +67,9 @@ def test_bench_serve_against_pagoda(pagoda_server, tmp_path):
         assert rate["itl_ms_p50"] > 0
         assert rate["output_tokens_per_s"] == pytest.approx(rate["output_tokens"] / rate["duration_s"])
     # The server's own counters agree with what the generator measured, plus the 1-token probe
-    # and the warm-up (2 requests of 16 tokens, drawn with seed + 1).
-    warmup = workloads.serving_requests(2, 2, (16, 32), (16, 16))
+    # and the warm-up (2 requests of 16 tokens, drawn with their own seed).
+    warmup = workloads.serving_requests(2, 1 + serve.WARMUP_SEED_OFFSET, (16, 32), (16, 16))
+    requests = workloads.serving_requests(4, 1, (16, 32), (4, 8))
     metrics = httpx.get(url + "/metrics", timeout=30).text
     total_out = sum(r["output_tokens"] for r in record["rates"])
     assert _counter(metrics, "generation_tokens") == total_out + 1 + 2 * 16
