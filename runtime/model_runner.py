@@ -208,17 +208,23 @@ class ModelRunner:
         batch = self.builder.build(sched, kv, pad)
         if pad is not None:
             return batch, self.graphs.run(pad)
-        b, t, s = self.buffers, batch.num_tokens, batch.num_seqs
+        hidden = self.forward_eager(batch.num_tokens, batch.num_seqs, batch.max_query_len, batch.max_seq_len)
+        return batch, hidden
+
+    def forward_eager(self, num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int):
+        """The model over the first num_tokens/num_seqs rows of the persistent buffers, no graph.
+        Tensor-parallel workers call it too, so every rank runs the same forward."""
+        b, t, s = self.buffers, num_tokens, num_seqs
         ctx = AttentionContext(
             slot_mapping=b.slot_mapping[:t],
             block_tables=b.block_tables[:s],
             seq_lens=b.seq_lens[:s],
             query_start_loc=b.query_start_loc[: s + 1],
-            max_query_len=batch.max_query_len,
-            max_seq_len=batch.max_seq_len,
+            max_query_len=max_query_len,
+            max_seq_len=max_seq_len,
         )
         with attention_context(ctx):
-            return batch, self.model(b.input_ids[:t], b.positions[:t])
+            return self.model(b.input_ids[:t], b.positions[:t])
 
     def execute(self, sched: SchedulerOutput, kv: KVCacheManager) -> ModelRunnerOutput:
         return self.launch(sched, kv).wait()

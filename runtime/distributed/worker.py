@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from pagoda.runtime.attention_context import AttentionContext, attention_context
 from pagoda.runtime.distributed.channel import StepMessage, StepReceiver
 from pagoda.runtime.distributed.launch import HOST, START_TIMEOUT_S, WorkerSpec, join_group, rank_device
 from pagoda.runtime.input_batch import StageLayout
@@ -85,17 +84,7 @@ class Worker:
         if msg.pad_seqs:
             hidden = runner.graphs.run(msg.pad_seqs)
         else:
-            t, s = msg.num_tokens, msg.num_seqs
-            ctx = AttentionContext(
-                slot_mapping=b.slot_mapping[:t],
-                block_tables=b.block_tables[:s],
-                seq_lens=b.seq_lens[:s],
-                query_start_loc=b.query_start_loc[: s + 1],
-                max_query_len=msg.max_query_len,
-                max_seq_len=msg.max_seq_len,
-            )
-            with attention_context(ctx):
-                hidden = runner.model(b.input_ids[:t], b.positions[:t])
+            hidden = runner.forward_eager(msg.num_tokens, msg.num_seqs, msg.max_query_len, msg.max_seq_len)
         # The same LM-head calls as rank 0's ModelRunner.execute, in the same order: each one
         # gathers this rank's vocabulary slice onto rank 0.
         if msg.num_sample:
