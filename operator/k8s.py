@@ -18,7 +18,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from pagoda.operator import spec as s
-from pagoda.operator.builders.meta import ANNOTATION_SPEC_HASH
+from pagoda.operator.builders.meta import ANNOTATION_LAST_APPLIED, ANNOTATION_SPEC_HASH
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -38,6 +38,20 @@ CUSTOM: dict[str, tuple[str, str, str]] = {
 }
 
 Action = Literal["created", "patched", "unchanged"]
+
+
+def merge_patch(old: Any, new: Any) -> Any:
+    """The RFC 7386 merge patch that turns `old` into `new`: keys that `new` dropped become null,
+    so a field removed from the spec (a nodeSelector entry, say) is removed from the live object."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return new
+    patch = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        if key not in old:
+            patch[key] = value
+        elif old[key] != value:
+            patch[key] = merge_patch(old[key], value)
+    return patch
 
 
 def spec_hash(obj: dict) -> str:
@@ -136,7 +150,12 @@ class Cluster:
         """
         desired = json.loads(json.dumps(desired))
         digest = spec_hash(desired)
-        desired["metadata"].setdefault("annotations", {})[ANNOTATION_SPEC_HASH] = digest
+        # What the operator applied, kept on the object (as kubectl's last-applied annotation), so
+        # the next patch can also remove what the new manifest no longer has.
+        applied = json.dumps(desired, sort_keys=True, separators=(",", ":"))
+        annotations = desired["metadata"].setdefault("annotations", {})
+        annotations[ANNOTATION_SPEC_HASH] = digest
+        annotations[ANNOTATION_LAST_APPLIED] = applied
         kind, meta = desired["kind"], desired["metadata"]
         live = self.get(kind, meta["namespace"], meta["name"])
         if live is None:
@@ -149,4 +168,8 @@ class Cluster:
         live_hash = ((live.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_SPEC_HASH)
         if not update or live_hash == digest:
             return live, "unchanged"
-        return self.patch(kind, meta["namespace"], meta["name"], desired), "patched"
+        live_annotations = (live.get("metadata") or {}).get("annotations") or {}
+        previous = json.loads(live_annotations.get(ANNOTATION_LAST_APPLIED) or "{}")
+        # Objects written before the annotation existed get the plain patch, which adds and updates.
+        patch = merge_patch(previous, desired) if previous else desired
+        return self.patch(kind, meta["namespace"], meta["name"], patch), "patched"

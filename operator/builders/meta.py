@@ -15,6 +15,7 @@ CACHE_COMPONENT = "cache"
 # The digest of what the operator last wrote, so that an unchanged spec never patches (and never
 # wakes the watchers of the object, which would reconcile again).
 ANNOTATION_SPEC_HASH = "pagoda.dev/spec-hash"
+ANNOTATION_LAST_APPLIED = "pagoda.dev/last-applied"
 RUNTIME_UID = 1000  # the non-root user both Dockerfiles create
 
 
