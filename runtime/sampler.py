@@ -168,19 +168,3 @@ class Sampler:
             logits, floats[0], ints[0], floats[1], floats[2], ints[1], ints[2],
             all_greedy=False, need_cutoffs=need_cutoffs,
         )
-
-
-def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """Keep each row's k largest logits, then the smallest set whose probability reaches p.
-
-    The dense, sort-based form of the filters that ops.sample folds into one cut-off per row;
-    kept as a readable statement of the rule."""
-    sorted_logits, order = logits.sort(dim=-1, descending=False)
-    vocab = logits.shape[1]
-    kth = sorted_logits.gather(1, (vocab - k.clamp(max=vocab)).long()[:, None])
-    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
-    cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-    drop = cum <= (1 - p[:, None])
-    drop[:, -1] = False  # always keep the most likely token
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(1, order, sorted_logits)

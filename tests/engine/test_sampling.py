@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from pagoda.runtime import LLM, SamplingParams
-from pagoda.runtime.sampler import apply_top_k_top_p
 
 from .conftest import make_prompts
 
@@ -119,9 +118,25 @@ def test_logprobs_match_transformers(llama, llm, hf):
 
 
 def test_top_k_top_p_keep_the_right_tokens():
+    """Through the sampler the engine calls (pagoda.kernels.ops.sample): over many seeds, row 0
+    (top_k=2) draws only its two best tokens, and row 1 (top_p=0.5) only its single best."""
+    from pagoda.kernels import ops
+
     logits = torch.tensor([[3.0, 1.0, 2.0, 0.0], [0.0, 0.0, 5.0, 4.9]])
-    out = apply_top_k_top_p(logits, torch.tensor([2, 4]), torch.tensor([1.0, 0.5]))
-    assert torch.isfinite(out).tolist() == [[True, False, True, False], [False, False, True, False]]
+    drawn: list[set[int]] = [set(), set()]
+    for seed in range(64):
+        ids = ops.sample(
+            logits,
+            temperature=torch.tensor([1.0, 1.0]),
+            top_k=torch.tensor([2, 4], dtype=torch.int32),
+            top_p=torch.tensor([1.0, 0.5]),
+            min_p=torch.tensor([0.0, 0.0]),
+            seeds=torch.tensor([seed, seed]),
+            steps=torch.tensor([0, 0]),
+        )
+        for row, token in enumerate(ids.tolist()):
+            drawn[row].add(token)
+    assert drawn == [{0, 2}, {2}]
 
 
 def test_max_tokens_and_min_tokens(llm):
