@@ -1,4 +1,4 @@
-"""GPU smoke run of the engine (not collected by pytest): python -m tests.engine.gpu_smoke OUT.json
+"""GPU smoke run of the engine against transformers on the tiny models: python e2e/engine_gpu_smoke.py OUT.json
 
 1. Tiny models on CUDA in fp32 against transformers on the CPU: greedy token agreement.
 2. A Llama-3.1-8B-shaped dummy model in bf16: the start-up memory plan and a short batch.
@@ -92,6 +92,11 @@ def dummy_8b(root: Path) -> dict:
 
 
 def main() -> None:
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print(__doc__)
+        return
+    if not torch.cuda.is_available():
+        sys.exit("engine_gpu_smoke.py needs a CUDA GPU")
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("gpu_smoke.json")
     root = Path(tempfile.mkdtemp())
     result = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name()}
