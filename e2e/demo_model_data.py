@@ -148,19 +148,11 @@ def chat_examples(corpus: Corpus, seed: int) -> list[str]:
 
 def train_tokenizer(texts: list[str], vocab_size: int):
     """A byte-level BPE over the training text, wrapped as a transformers fast tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
+    from pagoda.runtime.tiny_models import train_byte_level_bpe
+
+    tok = train_byte_level_bpe(texts, vocab_size, SPECIAL_TOKENS)
     # Generation stops at <|im_end|> (the end of a chat turn); generation_config adds
     # <|endoftext|>, the end of a file. No BOS is prepended: prompts start cold, as training
     # windows do.

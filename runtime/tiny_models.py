@@ -45,23 +45,29 @@ def _training_text() -> list[str]:
     return [(Path(__file__).resolve().parent / "tiny_corpus.txt").read_text(encoding="utf-8")]
 
 
-def build_tokenizer(vocab_size: int = 512):
-    """A byte-level BPE trained with `tokenizers`, wrapped as a transformers fast tokenizer."""
+def train_byte_level_bpe(texts: list[str], vocab_size: int, special_tokens: list[str]):
+    """A byte-level BPE (the GPT-2/Llama-3 kind) trained with `tokenizers` on `texts`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_training_text(), trainer=trainer)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def build_tokenizer(vocab_size: int = 512):
+    """The tiny models' tokenizer, wrapped as a transformers fast tokenizer."""
+    from transformers import PreTrainedTokenizerFast
+
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
+        tokenizer_object=train_byte_level_bpe(_training_text(), vocab_size, SPECIAL_TOKENS),
         bos_token="<|bos|>",
         eos_token="<|im_end|>",
         pad_token="<|pad|>",
