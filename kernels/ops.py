@@ -55,11 +55,13 @@ def rms_norm(x, weight, eps, residual=None):
     return rms_norm_ref(x, weight, eps, residual)
 
 
-def rotary_embedding(positions, query, key, cos_sin_cache):
+def rotary_embedding(positions, query, key, cos_sin_cache, inplace: bool = False):
+    """inplace=True lets the GPU kernel rotate query and key where they lie (no allocation, half the
+    traffic); callers must use the returned pair either way, as the reference returns new tensors."""
     if _on_gpu(query):
         from pagoda.kernels.rotary import rotary_embedding as triton_rotary_embedding
 
-        return triton_rotary_embedding(positions, query, key, cos_sin_cache)
+        return triton_rotary_embedding(positions, query, key, cos_sin_cache, inplace=inplace)
     return rotary_embedding_ref(positions, query, key, cos_sin_cache)
 
 

@@ -67,7 +67,7 @@ class LLMEngine:
         )
         self.device = resolve_device(args.device)
         max_len = self.model_config.max_model_len
-        self.max_num_batched_tokens = args.max_num_batched_tokens or max(8192, args.max_num_seqs)
+        self.max_num_batched_tokens = args.max_num_batched_tokens or default_token_budget(args, self.device)
         # A ModelRunner, or with tensor_parallel_size > 1 an executor that stands in for rank 0's
         # runner and drives the other ranks' processes.
         self.runner = build_executor(self.model_config, self.device, args, self.max_num_batched_tokens)
@@ -274,6 +274,15 @@ class LLMEngine:
 
     def get_tokenizer(self):
         return self.tokenizer
+
+
+def default_token_budget(args: EngineArgs, device: torch.device) -> int:
+    """Tokens per step when the user gives none, as vLLM picks them: 16k for offline batches on a
+    GPU of 70 GiB or more (half as many prefill steps; W1 measured +4.8% on the H200), else 8k,
+    which keeps a server's decode steps short while prompts are prefilled beside them."""
+    big_gpu = device.type == "cuda" and torch.cuda.get_device_properties(device).total_memory >= 70 * 2**30
+    budget = 16384 if args.usage_context == "llm_class" and big_gpu else 8192
+    return max(budget, args.max_num_seqs)
 
 
 def _valid_token_ids(token_ids: list[int], vocab_size: int) -> bool:

@@ -24,6 +24,9 @@ class EngineArgs:
     served_model_name: str | None = None
     chat_template: str | None = None
     tensor_parallel_size: int = 1  # ranks (GPUs) one model is split over; see runtime/distributed/
+    # Who drives the engine: "llm_class" (offline batches, `LLM`) or "api_server" (`pagoda serve`).
+    # It picks defaults that favour throughput or latency, as vLLM's usage context does.
+    usage_context: str = "api_server"
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -38,5 +41,7 @@ class EngineArgs:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.usage_context not in ("llm_class", "api_server"):
+            raise ValueError(f"usage_context must be llm_class or api_server; got {self.usage_context!r}")
         if self.load_format not in ("auto", "safetensors", "dummy"):
             raise ValueError(f"load_format must be one of auto, safetensors, dummy; got {self.load_format!r}")

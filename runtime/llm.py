@@ -44,7 +44,7 @@ class LLM:
             seed=seed,
             load_format=load_format,
             tensor_parallel_size=tensor_parallel_size,
-            **kwargs,
+            **{"usage_context": "llm_class", **kwargs},
         )
         self.llm_engine = LLMEngine.from_engine_args(args)
         self._counter = itertools.count()

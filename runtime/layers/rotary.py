@@ -60,4 +60,6 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_sin_cache", cache, persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        return ops.rotary_embedding(positions, q, k, self.cos_sin_cache)
+        # q and k are views of this layer's fresh qkv projection, which nothing else reads, so they
+        # are rotated in place.
+        return ops.rotary_embedding(positions, q, k, self.cos_sin_cache, inplace=True)
