@@ -110,6 +110,11 @@ def sweep_decode(device, block_size: int) -> list[dict]:
         worst = min(p["achieved_tb_per_s"] for p in pts)
         results.append(dict(knobs, worst_tb_per_s=worst, points=pts))
         print(f"  sweep decode {knobs}: worst {worst:.2f} TB/s")
+    # The split count at the small corner, where launch and merge costs weigh most.
+    for splits in (1, 2, 4):
+        p = decode_point(64, 512, block_size, device, inputs[64, 512], num_splits=splits)
+        results.append(dict(num_splits=splits, worst_tb_per_s=p["achieved_tb_per_s"], points=[p]))
+        print(f"  sweep decode splits {splits} at batch 64 ctx 512: {p['achieved_tb_per_s']:.2f} TB/s")
     return sorted(results, key=lambda r: -r["worst_tb_per_s"])
 
 

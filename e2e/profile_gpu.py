@@ -72,6 +72,7 @@ class StepRecorder:
         prev_end = None
         for r in self.records:
             k = by_kind[r["kind"]]
+            k["idle_before_ms"] += 0.0  # present even for a kind met only first
             k["steps"] += 1
             k["tokens"] += r["tokens"]
             k["gpu_ms"] += r["start"].elapsed_time(r["end"])

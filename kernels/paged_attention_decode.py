@@ -23,11 +23,11 @@ import triton.language as tl
 
 from pagoda.kernels.attention_dot import _dot, dot_precision
 
-# Launch knobs: first guesses for the H200, not yet tuned; e2e/kernels_gpu.py --sweep ranks the
-# alternatives there.
-BLOCK_N = 64
-NUM_WARPS = 4
-NUM_STAGES = 3
+# Launch knobs for 2-byte caches, from e2e/kernels_gpu.py --sweep on the H200 (c928b0e): the best
+# worst case over batch 64-256 and context 512-8k, and no worse than the old 64/4/3 at any point.
+BLOCK_N = 32
+NUM_WARPS = 2
+NUM_STAGES = 2
 MIN_TOKENS_PER_SPLIT = 256  # below this a slice costs more in merging than it gains in parallelism
 MAX_SPLITS = 32
 PROGRAMS_PER_SM = 4  # resident decode programs per SM we aim to keep busy

@@ -114,7 +114,8 @@ def default_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> d
         return dict(block_m=64, block_n=32, num_warps=4, num_stages=2)
     if head_dim <= 64:
         return dict(block_m=128, block_n=64, num_warps=4, num_stages=3)
-    return dict(block_m=128, block_n=64, num_warps=8, num_stages=3)
+    # swept on the H200 (c928b0e): 377 TFLOP/s at 4k against 324 for 128/64/8/3
+    return dict(block_m=128, block_n=32, num_warps=8, num_stages=2)
 
 
 def paged_attention_prefill(
