@@ -5,7 +5,9 @@ stops and returns a cumulative RequestOutput for every request that progressed.
 
 The RequestOutputs of a step's tokens are built during the next step, after its GPU work is
 launched and before its sampled ids are read back, so that host work (detokenization, output
-objects) overlaps the GPU; a step with nothing to schedule builds them at once. A request's first
+objects) overlaps the GPU; a step with nothing to schedule builds them at once. With async
+scheduling, a decode step whose successor is predictable also launches that successor before it
+reads its own tokens (Scheduler.schedule_ahead), so the GPU always has the next step queued. A request's first
 token is reported at once: time to first token is what a waiting client feels. Everything that
 decides scheduling (token-level stops, stop strings) still happens before the next schedule.
 """
@@ -91,6 +93,10 @@ class LLMEngine:
         self._deferred: list[str] = []
         self._deferred_time = 0.0
         self._deferred_final_only = False
+        # The step scheduled ahead and launched, whose tokens are read by the next step() call.
+        self._in_flight: tuple | None = None
+        # Only a single-process runner can feed a step from the device ids of the one before.
+        self.async_scheduling = args.async_scheduling and getattr(self.runner, "supports_ahead", False)
         logger.info("memory plan: %s", self.memory_plan.to_dict())
 
     @classmethod
@@ -204,7 +210,8 @@ class LLMEngine:
             self._pending.append(self.output_processor.make_output(request_id, now))
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.output_processor.states) or bool(self._pending) or bool(self._deferred)
+        return (bool(self.output_processor.states) or bool(self._pending) or bool(self._deferred)
+                or self._in_flight is not None)
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.output_processor.states)
@@ -215,10 +222,19 @@ class LLMEngine:
         """One engine step. final_only: the caller reads only finished outputs (LLM.generate),
         so unfinished requests get no RequestOutput (and no detokenization) this step."""
         outputs, self._pending = self._pending, []
-        sched = self.scheduler.schedule()
-        if sched.is_empty():
-            return outputs + self._emit_deferred()
-        pending = self.runner.launch(sched, self.kv_cache_manager)
+        if self._in_flight is not None:  # launched ahead by the previous call
+            (sched, pending), self._in_flight = self._in_flight, None
+        else:
+            sched = self.scheduler.schedule()
+            if sched.is_empty():
+                return outputs + self._emit_deferred()
+            pending = self.runner.launch(sched, self.kv_cache_manager)
+        if self.async_scheduling:
+            # Queue the next decode step behind this one before reading this one's tokens, so the
+            # GPU does not idle through the host work between steps.
+            ahead = self.scheduler.schedule_ahead(sched)
+            if ahead is not None:
+                self._in_flight = (ahead, self.runner.launch(ahead, self.kv_cache_manager, pending))
         late = self._emit_deferred()  # the previous step's outputs, while the GPU runs this one
         result = pending.wait()
         for request_id, entries in result.prompt_logprobs.items():

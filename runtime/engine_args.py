@@ -27,6 +27,8 @@ class EngineArgs:
     # Who drives the engine: "llm_class" (offline batches, `LLM`) or "api_server" (`pagoda serve`).
     # It picks defaults that favour throughput or latency, as vLLM's usage context does.
     usage_context: str = "api_server"
+    # Launch the next decode step before reading this one's tokens (vLLM's async scheduling).
+    async_scheduling: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

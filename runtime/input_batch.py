@@ -163,16 +163,19 @@ class BatchBuilder:
         entries = [self._block_ids(s.request, kv) for s in scheduled]
         width = max(len(e.ids) for e in entries)
 
+        # A step scheduled ahead runs one token past what the requests have computed and hold:
+        # that token is still in flight, and the runner copies it into input_ids on the device.
+        ahead = int(sched.ahead)
         # Sampled rows first, on the host: whether they are all rows decides the layout.
         batch = StepBatch(num_tokens, num_seqs, padded, padded_tokens, 0, 0)
         logits_rows: list[int] = []
         seq_lens: list[int] = []
         row0 = 0
         for item in scheduled:
-            r, start = item.request, item.request.num_computed_tokens
+            r, start = item.request, item.request.num_computed_tokens + ahead
             end = start + item.num_tokens
             seq_lens.append(end)
-            if end == r.num_tokens:
+            if end == r.num_tokens + ahead:
                 logits_rows.append(row0 + item.num_tokens - 1)
                 batch.sample_requests.append(r)
             if r.wants_prompt_logprobs:
@@ -198,13 +201,16 @@ class BatchBuilder:
         qsl[0] = 0
         for i, (item, entry) in enumerate(zip(scheduled, entries)):
             r, n = item.request, item.num_tokens
-            start = r.num_computed_tokens
+            start = r.num_computed_tokens + ahead
             table = entry.ids
             if n == 1:  # decode: scalar work beats numpy's per-call overhead
                 num_prompt = r.num_prompt_tokens
-                ids[row0] = (
-                    r.prompt_token_ids[start] if start < num_prompt else r.output_token_ids[start - num_prompt]
-                )
+                if ahead:
+                    ids[row0] = 0  # placeholder for the in-flight token
+                elif start < num_prompt:
+                    ids[row0] = r.prompt_token_ids[start]
+                else:
+                    ids[row0] = r.output_token_ids[start - num_prompt]
                 pos[row0] = start
                 slots[row0] = table[start // bs] * bs + start % bs
             else:

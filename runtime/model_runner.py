@@ -9,7 +9,8 @@ logprobs), and the sampler reads back nothing but the sampled ids.
 
 `launch` enqueues the step and starts a non-blocking copy of the sampled ids into pinned host
 memory; `PendingStep.wait` is the step's one wait on the GPU. Between the two the engine does the
-previous step's host work (detokenization, outputs) while the GPU runs this one.
+previous step's host work (detokenization, outputs) while the GPU runs this one, and may launch
+the next decode step ahead, fed on the device with this step's sampled ids.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class PendingStep:
     requests: list[Request] = field(default_factory=list)  # the sampled rows, in order
     token_ids: torch.Tensor | None = None  # host tensor, complete once `done` has fired
     done: torch.cuda.Event | None = None
+    device_token_ids: torch.Tensor | None = None  # the same ids on the device, for a step ahead
 
     def wait(self) -> ModelRunnerOutput:
         if self.token_ids is not None:
@@ -61,6 +63,8 @@ class PendingStep:
 
 
 class ModelRunner:
+    supports_ahead = True  # launch() can feed a step's input ids from the previous step's samples
+
     def __init__(
         self,
         model_config: ModelConfig,
@@ -88,11 +92,12 @@ class ModelRunner:
         self.buffers: InputBuffers | None = None
         self.builder: BatchBuilder | None = None
         self.graphs: DecodeGraphs | None = None
-        # Landing place of the sampled ids. One buffer is enough: the engine waits on step N
-        # before it launches step N + 1.
+        # Landing places of the sampled ids, used in turn: with a step scheduled ahead, step N + 1
+        # is launched before step N's ids are read.
         pin = device.type == "cuda"
-        self.sampled_host = torch.zeros(max_num_seqs, dtype=torch.int64, pin_memory=pin)
-        self.sampled_done = torch.cuda.Event() if pin else None
+        self.sampled_host = [torch.zeros(max_num_seqs, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self.sampled_done = [torch.cuda.Event() if pin else None for _ in range(2)]
+        self.sampled_turn = 0
 
     def weight_bytes(self) -> int:
         seen, total = set(), 0
@@ -201,15 +206,32 @@ class ModelRunner:
         torch.cuda.synchronize()
         return int(torch.cuda.max_memory_allocated() - base)
 
-    def _forward(self, sched: SchedulerOutput, kv: KVCacheManager) -> tuple[StepBatch, torch.Tensor]:
+    def _forward(
+        self, sched: SchedulerOutput, kv: KVCacheManager, previous: PendingStep | None
+    ) -> tuple[StepBatch, torch.Tensor]:
         num_seqs = len(sched.scheduled)
         is_decode = sched.total_num_tokens == num_seqs  # one query token per request
         pad = padded_size(num_seqs, self.graph_sizes) if is_decode and self.graphs else None
         batch = self.builder.build(sched, kv, pad)
+        if sched.ahead:
+            self._feed_in_flight_tokens(sched, previous)
         if pad is not None:
             return batch, self.graphs.run(pad)
         hidden = self.forward_eager(batch.num_tokens, batch.num_seqs, batch.max_query_len, batch.max_seq_len)
         return batch, hidden
+
+    def _feed_in_flight_tokens(self, sched: SchedulerOutput, previous: PendingStep | None) -> None:
+        """Input ids of a step scheduled ahead: the previous step's sampled ids, copied on the
+        device (stream order puts the copy after the sampling that makes them)."""
+        if previous is None or previous.device_token_ids is None:
+            raise RuntimeError("a step scheduled ahead needs the launched step it follows")
+        n, src = len(sched.scheduled), previous.device_token_ids
+        rows = {r.request_id: i for i, r in enumerate(previous.requests)}
+        index = [rows[item.request.request_id] for item in sched.scheduled]
+        if index == list(range(n)):
+            self.buffers.input_ids[:n].copy_(src[:n])
+        else:  # some requests finished in the previous step
+            self.buffers.input_ids[:n].copy_(src[torch.tensor(index, device=src.device)])
 
     def forward_eager(self, num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int):
         """The model over the first num_tokens/num_seqs rows of the persistent buffers, no graph.
@@ -230,9 +252,12 @@ class ModelRunner:
         return self.launch(sched, kv).wait()
 
     @torch.inference_mode()
-    def launch(self, sched: SchedulerOutput, kv: KVCacheManager) -> PendingStep:
-        """Enqueue the step's forward and sampling; the sampled ids come with `wait()`."""
-        batch, hidden = self._forward(sched, kv)
+    def launch(
+        self, sched: SchedulerOutput, kv: KVCacheManager, previous: PendingStep | None = None
+    ) -> PendingStep:
+        """Enqueue the step's forward and sampling; the sampled ids come with `wait()`. A step
+        scheduled ahead (sched.ahead) takes its input ids from `previous`, the step it follows."""
+        batch, hidden = self._forward(sched, kv, previous)
         pending = PendingStep(ModelRunnerOutput())
         out = pending.out
         to_sample = batch.sample_requests
@@ -241,16 +266,19 @@ class ModelRunner:
                 rows = hidden[: batch.num_seqs]
             else:
                 rows = hidden[self.buffers.logits_indices[: len(to_sample)]]
-            tokens, logprobs = self.sampler.sample(self.model.compute_logits(rows), to_sample)
+            logits = self.model.compute_logits(rows)
+            tokens, logprobs = self.sampler.sample(logits, to_sample, pending=int(sched.ahead))
             for r, lp in zip(to_sample, logprobs):
                 if lp is not None:
                     out.logprobs[r.request_id] = lp
-            pending.requests = to_sample
-            if self.sampled_done is not None and tokens.is_cuda:
-                host = self.sampled_host[: len(to_sample)]
+            pending.requests, pending.device_token_ids = to_sample, tokens
+            turn = self.sampled_turn = self.sampled_turn ^ 1
+            done = self.sampled_done[turn]
+            if done is not None and tokens.is_cuda:
+                host = self.sampled_host[turn][: len(to_sample)]
                 host.copy_(tokens, non_blocking=True)
-                self.sampled_done.record()
-                pending.token_ids, pending.done = host, self.sampled_done
+                done.record()
+                pending.token_ids, pending.done = host, done
             else:
                 pending.token_ids = tokens.cpu()
         for r, row, first, last in batch.prompt_rows:

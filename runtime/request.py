@@ -43,6 +43,9 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    # Rows of steps scheduled ahead that are launched but not yet read back (0, 1 or 2); their
+    # slots are allocated and about to be filled.
+    num_in_flight_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
     num_cached_tokens: int = -1  # prefix-cache hit on first scheduling; -1 until then

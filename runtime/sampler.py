@@ -66,20 +66,20 @@ class Sampler:
         return SamplerOutput(tokens.tolist(), logprobs)  # waits for the GPU
 
     def sample(
-        self, logits: torch.Tensor, requests: list[Request]
+        self, logits: torch.Tensor, requests: list[Request], pending: int = 0
     ) -> tuple[torch.Tensor, list[TokenLogprobs | None]]:
         """The sampled ids as a device tensor (nothing read back yet, unless logprobs were asked
-        for: those are host lists), and each row's logprobs or None."""
+        for: those are host lists), and each row's logprobs or None. pending: output tokens each
+        request has in flight, not yet appended (1 for a step scheduled ahead)."""
         params = [r.sampling_params for r in requests]
         logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         raw_logprobs = None
         if logprob_rows:
             raw_logprobs = torch.log_softmax(logits[logprob_rows].float(), dim=-1)
-        masked = [i for i, r in enumerate(requests) if r.num_output_tokens < r.sampling_params.min_tokens]
-        penalized = any(
-            p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
-            for p in params
-        )
+        masked = [
+            i for i, r in enumerate(requests) if r.num_output_tokens + pending < r.sampling_params.min_tokens
+        ]
+        penalized = any(p.needs_history for p in params)
         if masked or penalized:
             logits = logits.float().clone()
             self._mask_stops_before_min_tokens(logits, requests, masked)
@@ -89,7 +89,7 @@ class Sampler:
         if all(p.greedy for p in params):
             tokens = logits.argmax(dim=-1)  # exact on bf16 too: widening to fp32 keeps the order
         else:
-            tokens = self._sample(logits, requests)
+            tokens = self._sample(logits, requests, pending)
 
         logprobs: list[TokenLogprobs | None] = [None] * len(requests)
         if raw_logprobs is not None:
@@ -144,7 +144,7 @@ class Sampler:
             r.generator = self.rng.getrandbits(63)
         return r.generator
 
-    def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, requests: list[Request], pending: int = 0) -> torch.Tensor:
         params = [r.sampling_params for r in requests]
         vocab = logits.shape[1]
         floats = torch.tensor(
@@ -159,7 +159,7 @@ class Sampler:
             [
                 [p.top_k for p in params],
                 [self._seed(r) for r in requests],
-                [r.num_output_tokens for r in requests],
+                [r.num_output_tokens + pending for r in requests],
             ],
             dtype=torch.int64,
         ).to(logits.device, non_blocking=True)

@@ -85,6 +85,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS
 
+    @property
+    def needs_history(self) -> bool:
+        """Sampling reads the tokens generated so far (penalties), so it cannot run ahead of them."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
     def clone(self, **changes) -> SamplingParams:
         values = {name: getattr(self, name) for name in self.__dataclass_fields__}
         values["stop"] = list(self.stop)

@@ -27,6 +27,9 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    # Scheduled ahead (see Scheduler.schedule_ahead): every request is one decode token past its
+    # num_computed_tokens, and that token is the previous step's sample, still on the device.
+    ahead: bool = False
 
     @property
     def total_num_tokens(self) -> int:
@@ -90,6 +93,42 @@ class Scheduler:
             self._schedule_waiting(out, budget, now)
         return out
 
+    def schedule_ahead(self, current: SchedulerOutput) -> SchedulerOutput | None:
+        """The next step, scheduled while `current` is still running on the GPU (vLLM's async
+        scheduling), or None when it cannot be known yet.
+
+        It is known when `current` is a pure decode step (every request samples one token), nobody
+        waits to be admitted, and no request needs its history on the host to sample (penalties).
+        The next step then runs the same requests, one token further, with the input ids taken
+        from `current`'s sampled ids on the device. Requests that `current` surely finishes by
+        length are left out; one that stops on a token or string wastes one row, whose token is
+        dropped. Slots are allocated now; when the pool is short it returns None and the normal
+        schedule (which may preempt) runs after `current` is read.
+        """
+        if self.waiting or current.preempted or not current.scheduled:
+            return None
+        nxt = SchedulerOutput(ahead=True)
+        for item in current.scheduled:
+            r = item.request
+            if r.is_finished:
+                continue  # stopped or aborted since `current` was scheduled
+            if item.num_tokens != 1 or r.num_computed_tokens + 1 != r.num_tokens:
+                return None
+            if r.sampling_params.needs_history:
+                return None
+            if r.num_output_tokens + 1 >= r.max_tokens or r.num_tokens + 1 >= self.max_model_len:
+                continue  # `current` gives its last token
+            nxt.scheduled.append(ScheduledRequest(r, 1))
+        if not nxt.scheduled:
+            return None
+        for item in nxt.scheduled:
+            # room for the in-flight token and the next one
+            if self.kv.allocate_slots(item.request, 2) is None:
+                return None
+        for item in nxt.scheduled:
+            item.request.num_in_flight_tokens += 1
+        return nxt
+
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
         held_back: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
@@ -145,6 +184,10 @@ class Scheduler:
         updated = []
         for item in out.scheduled:
             request = item.request
+            if out.ahead:
+                request.num_in_flight_tokens -= 1
+            if request.is_finished:
+                continue  # stopped or aborted after this step was scheduled ahead: drop its row
             request.num_computed_tokens += item.num_tokens
             token = sampled.get(request.request_id)
             if token is None:

@@ -103,6 +103,10 @@ class _BroadcastingBuilder:
 
 
 class TensorParallelExecutor:
+    # Workers read input ids from the staged host arrays, so a step cannot be fed from rank 0's
+    # device-side samples: the engine schedules synchronously under tensor parallelism.
+    supports_ahead = False
+
     def __init__(self, cfg: ModelConfig, device: torch.device, spec: WorkerSpec):
         self.tp_size = spec.world_size
         self.workers = Workers(spec)

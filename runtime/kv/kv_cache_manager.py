@@ -124,9 +124,10 @@ class KVCacheManager:
         self.block_pool.free_blocks(list(reversed(blocks)))
 
     def num_wasted_slots(self, request: Request) -> int:
-        """Allocated slots the request has not filled: under one block by construction."""
+        """Allocated slots the request has not filled and no launched step is filling: under one
+        block by construction."""
         blocks = self.req_to_blocks.get(request.request_id, [])
-        return len(blocks) * self.block_size - request.num_computed_tokens
+        return len(blocks) * self.block_size - request.num_computed_tokens - request.num_in_flight_tokens
 
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()

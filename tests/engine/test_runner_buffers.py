@@ -29,7 +29,8 @@ def _expected_inputs(engine: LLMEngine) -> list[tuple[int, int, int, int, list[i
 
 
 def test_a_padded_decode_step_fills_the_buffers(tiny_models):
-    engine = _engine(tiny_models["llama"])
+    # Synchronous scheduling: otherwise the step launched ahead has rewritten the buffers by now.
+    engine = _engine(tiny_models["llama"], async_scheduling=False)
     for i, p in enumerate(make_prompts(lengths=[7, 8, 16])):  # block boundaries at 8 and 16
         engine.add_request(str(i), None, p, SamplingParams(temperature=0, max_tokens=4))
     engine.step()  # the three prefills

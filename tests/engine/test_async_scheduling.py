@@ -1,0 +1,102 @@
+"""Async scheduling: a decode step launched before the previous step's tokens are read gives the
+very same tokens, stops and finish reasons as synchronous scheduling, and loses no KV block."""
+
+from __future__ import annotations
+
+from pagoda.runtime import SamplingParams
+from pagoda.runtime.engine import LLMEngine
+from pagoda.runtime.engine_args import EngineArgs
+
+from .conftest import make_prompts
+
+
+def _engine(path: str, async_scheduling: bool, **kwargs) -> LLMEngine:
+    args = dict(model=path, block_size=8, max_model_len=128, device="cpu", max_num_seqs=8,
+                async_scheduling=async_scheduling)
+    return LLMEngine(EngineArgs(**(args | kwargs)))
+
+
+def _params(i: int, stop_token: int) -> SamplingParams:
+    """A mix of what changes how a request samples and stops, varied by request."""
+    kinds = [
+        dict(temperature=0, max_tokens=12, ignore_eos=True),
+        dict(temperature=0.8, seed=i, max_tokens=9, min_tokens=4),
+        dict(temperature=0, max_tokens=15, stop_token_ids=[stop_token]),
+        dict(temperature=1.0, seed=100 + i, top_k=20, top_p=0.9, max_tokens=7, n=2),
+        dict(temperature=0, max_tokens=6, logprobs=2),
+    ]
+    return SamplingParams(**kinds[i % len(kinds)])
+
+
+def _run(engine: LLMEngine, prompts, stop_token: int, abort_at: int | None = None):
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), None, p, _params(i, stop_token))
+    finished, steps = {}, 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+        steps += 1
+        if steps == abort_at:
+            engine.abort_request(["2", "4"])
+        for r in engine.scheduler.running:  # waste stays under a block, slots in flight included
+            assert 0 <= engine.kv_cache_manager.num_wasted_slots(r) < 8
+    kv = engine.kv_cache_manager
+    assert kv.block_pool.num_free_blocks == kv.num_blocks and not kv.req_to_blocks
+    return {
+        rid: [(c.token_ids, c.finish_reason, c.stop_reason) for c in out.outputs]
+        for rid, out in sorted(finished.items())
+    }
+
+
+def _count_ahead_launches(engine: LLMEngine) -> list[int]:
+    launches = [0]
+    launch = engine.runner.launch
+
+    def counting(sched, kv, previous=None):
+        launches[0] += sched.ahead
+        return launch(sched, kv, previous)
+
+    engine.runner.launch = counting
+    return launches
+
+
+def test_async_scheduling_gives_the_synchronous_tokens(tiny_models):
+    prompts = make_prompts(seed=31)[:10]
+    # A stop token the greedy requests actually produce: the 4th token of request 2's sync run.
+    probe = _engine(tiny_models["llama"], False)
+    probe.add_request("p", None, prompts[2], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    while probe.has_unfinished_requests():
+        outs = probe.step()
+        if outs and outs[-1].finished:
+            stop_token = outs[-1].outputs[0].token_ids[3]
+    sync = _run(_engine(tiny_models["llama"], False, max_num_seqs=16), prompts, stop_token)
+    engine = _engine(tiny_models["llama"], True, max_num_seqs=16)
+    launches = _count_ahead_launches(engine)
+    assert _run(engine, prompts, stop_token) == sync
+    assert launches[0] > 10  # the ahead path ran, not just the fallback
+    assert sync["2"][0][1:] == ("stop", stop_token)  # a row scheduled ahead was dropped
+
+
+def test_abort_while_a_step_is_in_flight(tiny_models):
+    prompts = make_prompts(seed=32)[:8]
+    sync = _run(_engine(tiny_models["qwen2"], False), prompts, stop_token=7, abort_at=3)
+    engine = _engine(tiny_models["qwen2"], True)
+    launches = _count_ahead_launches(engine)
+    got = _run(engine, prompts, stop_token=7, abort_at=3)
+    assert launches[0] > 0
+    assert got["2"][0][1] == got["4"][0][1] == "abort"
+    # Requests not aborted are untouched by the abort.
+    assert {k: v for k, v in got.items() if k not in ("2", "4")} == {
+        k: v for k, v in sync.items() if k not in ("2", "4")
+    }
+
+
+def test_no_ahead_step_when_sampling_needs_history(tiny_models):
+    engine = _engine(tiny_models["llama"], True, max_num_seqs=2)
+    launches = _count_ahead_launches(engine)
+    for i, p in enumerate(make_prompts(seed=33)[:2]):
+        engine.add_request(str(i), None, p, SamplingParams(temperature=0, max_tokens=8, repetition_penalty=1.3))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert launches[0] == 0  # penalties read the host history: never ahead
