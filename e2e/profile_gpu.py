@@ -47,10 +47,10 @@ class StepRecorder:
         self.orig_step, self.orig_launch = engine.step, engine.runner.launch
         engine.step, engine.runner.launch = self._step, self._launch
 
-    def _launch(self, sched, kv):
+    def _launch(self, sched, kv, *previous):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        pending = self.orig_launch(sched, kv)
+        pending = self.orig_launch(sched, kv, *previous)
         end.record()
         self.records.append({"kind": step_kind(sched), "seqs": len(sched.scheduled),
                              "tokens": sched.total_num_tokens, "start": start, "end": end})

@@ -55,6 +55,22 @@ def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: list[int
     return out
 
 
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """torch.argmax over the last dim (first index on ties), fast for a few rows.
+
+    torch reduces each row with one thread block, so one row of a 128k vocabulary takes ~37 us on
+    the H200 (1% of a W2 step). With few rows the vocabulary is cut into up to 256 equal chunks
+    reduced in parallel, then the chunk maxima: both stages keep the first maximal index, so the
+    result is argmax's."""
+    rows, vocab = logits.shape
+    chunks = min(256, vocab & -vocab)  # the largest power of two that divides the vocabulary
+    if rows >= 32 or chunks < 16:
+        return logits.argmax(dim=-1)
+    values, index = logits.reshape(rows, chunks, vocab // chunks).max(dim=-1)
+    best = values.argmax(dim=-1, keepdim=True)
+    return (best * (vocab // chunks) + index.gather(-1, best)).squeeze(-1)
+
+
 class Sampler:
     def __init__(self, vocab_size: int, device: torch.device, seed: int = 0):
         self.vocab_size = vocab_size
@@ -87,7 +103,7 @@ class Sampler:
                 logits = self._apply_penalties(logits, requests)
 
         if all(p.greedy for p in params):
-            tokens = logits.argmax(dim=-1)  # exact on bf16 too: widening to fp32 keeps the order
+            tokens = greedy_argmax(logits)  # exact on bf16 too: widening to fp32 keeps the order
         else:
             tokens = self._sample(logits, requests, pending)
 

@@ -283,3 +283,16 @@ def test_bad_sampling_params(field, value, allowed):
 def test_min_tokens_above_max_tokens():
     with pytest.raises(ValueError, match="min_tokens"):
         SamplingParams(min_tokens=5, max_tokens=3)
+
+
+@pytest.mark.parametrize("vocab", [128256, 151936, 32000, 1000, 4099])
+@pytest.mark.parametrize("rows", [1, 3, 31, 40])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_argmax_is_torch_argmax_ties_included(vocab, rows, dtype):
+    from pagoda.runtime.sampler import greedy_argmax
+
+    gen = torch.Generator().manual_seed(vocab + rows)
+    # Few distinct values, so most rows have their maximum many times: the first one must win.
+    logits = torch.randint(-5, 6, (rows, vocab), generator=gen).to(dtype)
+    logits[0, vocab // 2 + 1] = 7.0  # a lone maximum in a late chunk
+    assert torch.equal(greedy_argmax(logits), logits.argmax(dim=-1))
