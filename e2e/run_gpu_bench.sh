@@ -15,6 +15,7 @@
 # Environment: PYTHON (default: python), HF_NUM_PROMPTS (W1 peer request count, default 128: the peer
 # runs at ~650 tok/s, and its JSON records "capped": true when below the workload's 256),
 # W3_RATES (default "4 8 16 32 inf"), W3_NUM_PROMPTS (default 512), PORT (default 8321),
+# SERVE_ARGS (extra `pagoda serve` flags for W3, e.g. "--max-num-batched-tokens 16384"),
 # PAGODA_COMMIT (the commit to record where the tree has no .git), and SMOKE=1: every stage on the
 # tiny synthetic model with a few short requests, on the CPU too, to check this script end to end
 # before spending GPU time (its figures mean nothing).
@@ -67,7 +68,7 @@ stage_w3() {
     model=$("${PAGODA[@]}" bench model "$W3_MODEL" | tail -n 1)
     log=$(mktemp -t pagoda-w3-server.XXXXXX.log)
     "${PAGODA[@]}" serve "$model" --host 127.0.0.1 --port "$PORT" --load-format dummy \
-        --max-model-len 2048 --served-model-name "$W3_MODEL" --log-level warning >"$log" 2>&1 &
+        --max-model-len 2048 --served-model-name "$W3_MODEL" --log-level warning ${SERVE_ARGS:-} >"$log" 2>&1 &
     server_pid=$!
     offline=()
     w1=${W1_RESULT:-$(newest W1-pagoda || true)}

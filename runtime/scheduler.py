@@ -97,15 +97,20 @@ class Scheduler:
         """The next step, scheduled while `current` is still running on the GPU (vLLM's async
         scheduling), or None when it cannot be known yet.
 
-        It is known when `current` is a pure decode step (every request samples one token), nobody
-        waits to be admitted, and no request needs its history on the host to sample (penalties).
+        It is known when `current` is a pure decode step (every request samples one token) and no
+        request needs its history on the host to sample (penalties); while requests wait to be
+        admitted, only every other step is scheduled ahead.
         The next step then runs the same requests, one token further, with the input ids taken
         from `current`'s sampled ids on the device. Requests that `current` surely finishes by
         length are left out; one that stops on a token or string wastes one row, whose token is
         dropped. Slots are allocated now; when the pool is short it returns None and the normal
         schedule (which may preempt) runs after `current` is read.
         """
-        if self.waiting or current.preempted or not current.scheduled:
+        if current.preempted or not current.scheduled:
+            return None
+        if self.waiting and current.ahead:
+            # Admission happens in normal schedules only: with requests waiting, every other step
+            # is one, so none waits more than one step longer, and half the steps still overlap.
             return None
         nxt = SchedulerOutput(ahead=True)
         for item in current.scheduled:

@@ -78,6 +78,16 @@ def test_async_scheduling_gives_the_synchronous_tokens(tiny_models):
     assert sync["2"][0][1:] == ("stop", stop_token)  # a row scheduled ahead was dropped
 
 
+def test_requests_waiting_for_a_seat_get_the_same_tokens(tiny_models):
+    # Ten requests (twelve sequences) through four seats: admissions alternate with steps ahead.
+    prompts = make_prompts(seed=34)[:10]
+    sync = _run(_engine(tiny_models["mistral"], False, max_num_seqs=4), prompts, stop_token=9)
+    engine = _engine(tiny_models["mistral"], True, max_num_seqs=4)
+    launches = _count_ahead_launches(engine)
+    assert _run(engine, prompts, stop_token=9) == sync
+    assert launches[0] > 5
+
+
 def test_abort_while_a_step_is_in_flight(tiny_models):
     prompts = make_prompts(seed=32)[:8]
     sync = _run(_engine(tiny_models["qwen2"], False), prompts, stop_token=7, abort_at=3)
