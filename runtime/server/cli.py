@@ -47,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue-len", type=int, default=None,
                    help="answer 429 when this many requests already wait (default: no limit)")
     p.add_argument("--enforce-eager", action="store_true", help="do not capture CUDA graphs")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                   help="launch the next decode step before reading this one's tokens (default: on)")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
                    help="split the model over N GPUs of this host, one process per GPU (N must divide the "
                         "attention heads; on --device cpu, N gloo ranks) (default: %(default)s)")
@@ -97,6 +99,7 @@ def engine_args_from(args):
         seed=args.seed,
         load_format=args.load_format,
         enforce_eager=args.enforce_eager,
+        async_scheduling=getattr(args, "async_scheduling", True),
         tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),  # namespaces built by hand (demo)
         served_model_name=(args.served_model_name or [None])[0],
         chat_template=read_chat_template(args.chat_template),
