@@ -225,13 +225,14 @@ class ModelRunner:
         device (stream order puts the copy after the sampling that makes them)."""
         if previous is None or previous.device_token_ids is None:
             raise RuntimeError("a step scheduled ahead needs the launched step it follows")
-        n, src = len(sched.scheduled), previous.device_token_ids
-        rows = {r.request_id: i for i, r in enumerate(previous.requests)}
-        index = [rows[item.request.request_id] for item in sched.scheduled]
-        if index == list(range(n)):
+        requests, src = [item.request for item in sched.scheduled], previous.device_token_ids
+        n = len(requests)
+        if requests == previous.requests[:n]:  # the same rows in the same order (identity)
             self.buffers.input_ids[:n].copy_(src[:n])
         else:  # some requests finished in the previous step
-            self.buffers.input_ids[:n].copy_(src[torch.tensor(index, device=src.device)])
+            rows = {id(r): i for i, r in enumerate(previous.requests)}
+            index = torch.tensor([rows[id(r)] for r in requests], device=src.device)
+            self.buffers.input_ids[:n].copy_(src[index])
 
     def forward_eager(self, num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int):
         """The model over the first num_tokens/num_seqs rows of the persistent buffers, no graph.

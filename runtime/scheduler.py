@@ -121,7 +121,7 @@ class Scheduler:
                 return None
             if r.sampling_params.needs_history:
                 return None
-            if r.num_output_tokens + 1 >= r.max_tokens or r.num_tokens + 1 >= self.max_model_len:
+            if self._reaches_length(r, pending=1):
                 continue  # `current` gives its last token
             nxt.scheduled.append(ScheduledRequest(r, 1))
         if not nxt.scheduled:
@@ -214,10 +214,15 @@ class Scheduler:
                 request.status = RequestStatus.FINISHED_STOPPED
                 request.stop_reason = last
                 return True
-        if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len:
+        if self._reaches_length(request):
             request.status = RequestStatus.FINISHED_LENGTH_CAPPED
             return True
         return False
+
+    def _reaches_length(self, request: Request, pending: int = 0) -> bool:
+        """Whether the request is at its length limit once `pending` more tokens are appended."""
+        return (request.num_output_tokens + pending >= request.max_tokens
+                or request.num_tokens + pending >= self.max_model_len)
 
     def finish_request(self, request: Request, status: RequestStatus) -> None:
         """Finish (or abort) a request wherever it is, and give its blocks back."""
