@@ -30,21 +30,38 @@ def write_kv_cache(key, value, k_cache, v_cache, slot_mapping) -> None:
 
 def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, **hints):
     """hints (max_query_len, max_seq_len: python ints, upper bounds are fine) let the GPU kernels
-    pick a launch without a host sync. max_query_len == 1 takes the split-KV decode kernel."""
+    pick a launch without a host sync. max_query_len == 1 takes the split-KV decode kernel;
+    num_decode_seqs = d > 0 says the first d sequences have one query row each (see
+    paged_attention_triton)."""
     if not _on_gpu(query):
         return paged_attention_ref(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
-    max_query_len = hints.get("max_query_len")
+    return paged_attention_triton(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                                  **hints)
+
+
+def paged_attention_triton(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, *,
+                           max_query_len=None, max_seq_len=None, num_decode_seqs=0, out=None):
+    """The Triton kernels (the CPU tests run them under TRITON_INTERPRET=1).
+
+    A mixed step puts its one-token rows first. Those go through the decode kernel, which reads
+    each KV head once for its whole query-head group; the prefill kernel would read it once per
+    query head, and pad each row to a 128-row tile. The rest go through the prefill kernel. Both
+    write into one output, each at its own absolute query rows.
+    """
+    from pagoda.kernels.paged_attention_decode import paged_attention_decode
+    from pagoda.kernels.paged_attention_prefill import paged_attention_prefill
+
     if max_query_len is None:  # no hint: find out, at the price of a sync
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max()) if len(seq_lens) else 0
     if max_query_len <= 1:
-        from pagoda.kernels.paged_attention_decode import paged_attention_decode
-
         return paged_attention_decode(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-                                      scale, max_seq_len=hints.get("max_seq_len"))
-    from pagoda.kernels.paged_attention_prefill import paged_attention_prefill
-
-    return paged_attention_prefill(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-                                   scale, max_query_len=max_query_len)
+                                      scale, max_seq_len=max_seq_len, out=out)
+    d = num_decode_seqs
+    if d > 0:
+        out = paged_attention_decode(query, k_cache, v_cache, block_tables[:d], seq_lens[:d],
+                                     query_start_loc[: d + 1], scale, max_seq_len=max_seq_len, out=out)
+    return paged_attention_prefill(query, k_cache, v_cache, block_tables[d:], seq_lens[d:],
+                                   query_start_loc[d:], scale, max_query_len=max_query_len, out=out)
 
 
 def rms_norm(x, weight, eps, residual=None):

@@ -20,6 +20,8 @@ class AttentionContext:
     query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
     max_query_len: int
     max_seq_len: int
+    # The first num_decode_seqs sequences have one query row each (mixed steps put them first).
+    num_decode_seqs: int = 0
 
 
 _context: AttentionContext | None = None

@@ -114,6 +114,7 @@ class StepBatch:
     padded_tokens: int
     max_query_len: int
     max_seq_len: int
+    num_decode_seqs: int = 0  # the leading one-token sequences of a mixed step
     sample_requests: list[Request] = field(default_factory=list)
     sample_all_rows: bool = False  # the sampled rows are exactly rows 0..num_seqs-1, in order
     # (request, first hidden row, first and last+1 prompt position it predicts) for prompt logprobs
@@ -155,6 +156,10 @@ class BatchBuilder:
         """Write the step's inputs into the buffers. pad_seqs (decode steps only) pads the batch
         to that many one-token sequences."""
         scheduled = sched.scheduled
+        # One-token rows first, so attention can send them to the decode kernel as one slice.
+        decodes = [s for s in scheduled if s.num_tokens == 1]
+        if 0 < len(decodes) < len(scheduled):
+            scheduled = decodes + [s for s in scheduled if s.num_tokens != 1]
         bs = self.block_size
         num_seqs = len(scheduled)
         num_tokens = sum(s.num_tokens for s in scheduled)
@@ -186,6 +191,7 @@ class BatchBuilder:
                     batch.prompt_rows.append((r, row0 + first - 1 - start, first, last))
             row0 += item.num_tokens
         batch.max_query_len = max(s.num_tokens for s in scheduled)
+        batch.num_decode_seqs = len(decodes)
         batch.max_seq_len = max(seq_lens)
         batch.sample_all_rows = len(logits_rows) == num_seqs == num_tokens
         layout = StageLayout(

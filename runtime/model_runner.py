@@ -217,7 +217,8 @@ class ModelRunner:
             self._feed_in_flight_tokens(sched, previous)
         if pad is not None:
             return batch, self.graphs.run(pad)
-        hidden = self.forward_eager(batch.num_tokens, batch.num_seqs, batch.max_query_len, batch.max_seq_len)
+        hidden = self.forward_eager(batch.num_tokens, batch.num_seqs, batch.max_query_len, batch.max_seq_len,
+                                    batch.num_decode_seqs)
         return batch, hidden
 
     def _feed_in_flight_tokens(self, sched: SchedulerOutput, previous: PendingStep | None) -> None:
@@ -234,7 +235,9 @@ class ModelRunner:
             index = torch.tensor([rows[id(r)] for r in requests], device=src.device)
             self.buffers.input_ids[:n].copy_(src[index])
 
-    def forward_eager(self, num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int):
+    def forward_eager(
+        self, num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int, num_decode_seqs: int = 0
+    ):
         """The model over the first num_tokens/num_seqs rows of the persistent buffers, no graph.
         Tensor-parallel workers call it too, so every rank runs the same forward."""
         b, t, s = self.buffers, num_tokens, num_seqs
@@ -245,6 +248,7 @@ class ModelRunner:
             query_start_loc=b.query_start_loc[: s + 1],
             max_query_len=max_query_len,
             max_seq_len=max_seq_len,
+            num_decode_seqs=num_decode_seqs,
         )
         with attention_context(ctx):
             return self.model(b.input_ids[:t], b.positions[:t])

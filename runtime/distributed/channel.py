@@ -28,14 +28,15 @@ class StepMessage:
     num_seqs: int
     max_query_len: int
     max_seq_len: int
+    num_decode_seqs: int  # the leading one-token sequences of a mixed step
     num_sample: int  # rows whose logits rank 0 computes for sampling
     sample_all_rows: bool  # those rows are exactly 0..num_seqs-1 (else logits_indices)
     layout: tuple[int, ...]  # StageLayout's fields, to rebuild it on the worker
     prompt_rows: list[tuple[int, int]]  # (first hidden row, row count) per prompt-logprobs request
     stage: np.ndarray  # int32, the host staging array's used prefix
 
-    SCALARS = ("pad_seqs", "num_tokens", "num_seqs", "max_query_len", "max_seq_len", "num_sample",
-               "sample_all_rows")  # fmt: skip
+    SCALARS = ("pad_seqs", "num_tokens", "num_seqs", "max_query_len", "max_seq_len", "num_decode_seqs",
+               "num_sample", "sample_all_rows")  # fmt: skip
 
 
 def layout_fields(layout) -> tuple[int, ...]:

@@ -89,6 +89,7 @@ class _BroadcastingBuilder:
                 num_seqs=batch.num_seqs,
                 max_query_len=batch.max_query_len,
                 max_seq_len=batch.max_seq_len,
+                num_decode_seqs=batch.num_decode_seqs,
                 num_sample=len(batch.sample_requests),
                 sample_all_rows=batch.sample_all_rows,
                 layout=layout_fields(layout),

@@ -84,7 +84,8 @@ class Worker:
         if msg.pad_seqs:
             hidden = runner.graphs.run(msg.pad_seqs)
         else:
-            hidden = runner.forward_eager(msg.num_tokens, msg.num_seqs, msg.max_query_len, msg.max_seq_len)
+            hidden = runner.forward_eager(msg.num_tokens, msg.num_seqs, msg.max_query_len, msg.max_seq_len,
+                                          msg.num_decode_seqs)
         # The same LM-head calls as rank 0's ModelRunner.execute, in the same order: each one
         # gathers this rank's vocabulary slice onto rank 0.
         if msg.num_sample:

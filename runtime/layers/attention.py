@@ -39,5 +39,6 @@ class Attention(nn.Module):
             self.scale,
             max_query_len=ctx.max_query_len,
             max_seq_len=ctx.max_seq_len,
+            num_decode_seqs=ctx.num_decode_seqs,
         )
         return out.reshape(-1, self.num_heads * self.head_dim)

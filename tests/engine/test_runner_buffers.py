@@ -124,3 +124,23 @@ def test_logprobs_do_not_depend_on_padding_rows(tiny_models):
         for a, b in zip(runs[0][k][1], runs[1][k][1]):
             assert a.keys() == b.keys()
             assert all(a[t] == pytest.approx(b[t], abs=1e-5) for t in a)
+
+
+def test_a_mixed_step_puts_its_one_token_rows_first(tiny_models):
+    from pagoda.runtime.scheduler import SchedulerOutput
+
+    engine = _engine(tiny_models["llama"], async_scheduling=False)
+    prompts = make_prompts(lengths=[7, 12, 9])
+    for i, p in enumerate(prompts[:2]):
+        engine.add_request(str(i), None, p, SamplingParams(temperature=0, max_tokens=4))
+    engine.step()  # both prefills: the two requests now decode
+    engine.add_request("2", None, prompts[2], SamplingParams(temperature=0, max_tokens=4))
+    running = engine.scheduler.schedule()
+    assert [s.num_tokens for s in running.scheduled] == [1, 1, 9]
+    mixed = SchedulerOutput(scheduled=[running.scheduled[2], *running.scheduled[:2]])  # prefill first
+    batch = engine.runner.builder.build(mixed, engine.kv_cache_manager, None)
+    b = engine.runner.buffers
+    assert batch.num_decode_seqs == 2
+    assert b.query_start_loc[:4].tolist() == [0, 1, 2, 11]
+    assert b.positions[:3].tolist() == [7, 12, 0]
+    assert [r.request_id for r in batch.sample_requests] == ["0", "1", "2"]

@@ -78,3 +78,17 @@ def test_prefill_grid_from_an_upper_bound_hint():
     """A max_query_len hint above the real one only adds programs that exit at once."""
     args = paged_inputs([3, 1], [10, 21], 1, 4, 64, 16, F32)
     check(paged_attention_prefill(*args, 0.1, max_query_len=64), *args, 0.1)
+
+
+@pytest.mark.parametrize("group,dtype,block_size", [(4, BF16, 16), (1, F32, 8), (7, F16, 32)])
+def test_mixed_step_sends_its_one_token_rows_to_the_decode_kernel(group, dtype, block_size):
+    """The dispatch of a mixed step: three one-token rows first (decode kernel), then a fresh
+    prompt and a chunk over a cached prefix (prefill kernel), into one output."""
+    from pagoda.kernels.ops import paged_attention_triton
+
+    q_lens, seq_lens = [1, 1, 1, 9, 20], [5, 33, 70, 9, 47]
+    args = paged_inputs(q_lens, seq_lens, 2, group, 64, block_size, dtype)
+    out = torch.full_like(args[0], float("nan"))
+    got = paged_attention_triton(*args, 0.125, max_query_len=20, max_seq_len=70, num_decode_seqs=3, out=out)
+    assert got is out
+    check(got, *args, 0.125)
