@@ -132,7 +132,8 @@ def silu_case(device, dtype, d):
     return fn
 
 
-def attention_case(device, group, head_dim, dtype, block_size, q_lens, seq_lens, kv_heads=2, **launch):
+def attention_case(device, group, head_dim, dtype, block_size, q_lens, seq_lens, kv_heads=2,
+                   num_decode_seqs=0, **launch):
     def fn():
         args = paged_batch(q_lens, seq_lens, kv_heads, group, head_dim, block_size, dtype, device)
         scale = head_dim**-0.5
@@ -141,7 +142,8 @@ def attention_case(device, group, head_dim, dtype, block_size, q_lens, seq_lens,
                 got = paged_attention_decode(*args, scale, max_seq_len=max(seq_lens), **launch)
             else:
                 got = paged_attention_prefill(*args, scale, max_query_len=max(q_lens), **launch)
-            via_ops = ops.paged_attention(*args, scale, max_query_len=max(q_lens), max_seq_len=max(seq_lens))
+            via_ops = ops.paged_attention(*args, scale, max_query_len=max(q_lens), max_seq_len=max(seq_lens),
+                                          num_decode_seqs=num_decode_seqs)
         want = paged_attention_ref(*args, scale)
         return [(got, want, ATTN_TOL[dtype]), (via_ops, want, ATTN_TOL[dtype])]
 
@@ -245,6 +247,17 @@ def run_checks(device) -> list[dict]:
             "paged_attention_prefill",
             f"{dtype} group={group} head_dim={hd} block={bs} q={q_lens}",
             attention_case(device, group, hd, dtype, bs, q_lens, seq_lens, kvh),
+        )
+    mixed_cases = [
+        # a mixed step as the runner lays it out: one-token rows first (decode kernel), then prompts
+        (4, 128, BF16, 16, [1, 1, 1, 700, 33], [40, 1500, 9, 700, 2100], 8, 3),
+        (7, 64, F32, 8, [1, 250, 1], [300, 250, 17], 2, 1),
+    ]
+    for group, hd, dtype, bs, q_lens, seq_lens, kvh, nd in mixed_cases:
+        checks.run(
+            "paged_attention_mixed",
+            f"{dtype} group={group} head_dim={hd} block={bs} q={q_lens} decodes={nd}",
+            attention_case(device, group, hd, dtype, bs, q_lens, seq_lens, kvh, num_decode_seqs=nd),
         )
     checks.run("sampling", "philox bit-exact with tl.rand", philox_case(device))
     for vocab, dtype in [(32000, F32), (128256, BF16), (151936, F32)]:
