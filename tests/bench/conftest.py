@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from contextlib import contextmanager
 
 import pytest
 import uvicorn
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from serve_process import free_port
 
 
 @contextmanager
@@ -41,7 +35,3 @@ def serve_app():
     """serve_app(app) is a context manager that yields the base URL of `app` served on loopback."""
     return _serve
 
-
-@pytest.fixture
-def loopback_port() -> int:
-    return free_port()

@@ -4,36 +4,23 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import httpx
 import pytest
+from serve_process import pagoda_serve
 
 from pagoda.runtime.bench import serve, workloads
 from pagoda.runtime.cli import main
 
 
 @pytest.fixture
-def pagoda_server(tmp_path, loopback_port):
+def pagoda_server(tmp_path):
     model = workloads.model_folder("tiny", tmp_path / "tiny")
-    port = loopback_port
-    log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pagoda.runtime.cli", "serve", str(model), "--host", "127.0.0.1",
-         "--port", str(port), "--load-format", "dummy", "--device", "cpu", "--max-model-len", "256",
-         "--served-model-name", "tiny", "--log-level", "warning"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
-    try:
-        yield f"http://127.0.0.1:{port}", proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+    flags = ("--load-format", "dummy", "--device", "cpu", "--max-model-len", "256", "--served-model-name", "tiny",
+             "--log-level", "warning")
+    # No wait here: `bench serve --wait-for-server` is under test too.
+    with pagoda_serve(model, *flags, log_path=tmp_path / "server.log", wait=False) as server:
+        yield server.url, server.process
 
 
 def _counter(metrics_text: str, name: str) -> float:

@@ -9,17 +9,13 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import socket
-import subprocess
-import sys
 import sysconfig
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
+from serve_process import pagoda_serve
 
 ROOT = Path(__file__).resolve().parents[2]
 # PAGODA_DEMO_MODEL points the tests at another checkpoint made by the same script (for example
@@ -189,49 +185,14 @@ def heldout(demo_model) -> dict[str, str]:
     return sources
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def demo_server(demo_model, tmp_path_factory):
     """`pagoda serve` on the demo model, fp32 on the CPU, in a subprocess; yields its base URL."""
-    port = _free_port()
-    cmd = [
-        sys.executable, "-m", "pagoda.runtime.cli", "serve", str(demo_model),
-        "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_NAME,
-        "--dtype", "float32", "--device", "cpu", "--num-kv-blocks", str(NUM_KV_BLOCKS),
-        "--log-level", "warning",
-    ]  # fmt: skip
-    log = open(tmp_path_factory.mktemp("demo-server") / "server.log", "w+")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                pytest.fail(f"`pagoda serve` exited with {proc.returncode}:\n{log.read()[-4000:]}")
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                log.seek(0)
-                pytest.fail(f"`pagoda serve` was not healthy within 180 s:\n{log.read()[-4000:]}")
-            time.sleep(0.5)
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    flags = ("--served-model-name", SERVED_NAME, "--dtype", "float32", "--device", "cpu",
+             "--num-kv-blocks", str(NUM_KV_BLOCKS), "--log-level", "warning")
+    log = tmp_path_factory.mktemp("demo-server") / "server.log"
+    with pagoda_serve(demo_model, *flags, log_path=log, cwd=ROOT) as server:
+        yield server.url
 
 
 @pytest.fixture(scope="session")

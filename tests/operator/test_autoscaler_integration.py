@@ -19,7 +19,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ import kopf
 import pytest
 import yaml
 from conftest import eventually
+from serve_process import ServeProcess, free_port, pagoda_serve
 
 from pagoda.operator.autoscaler.timer import register
 from pagoda.operator.builders import meta
@@ -62,19 +62,21 @@ pytestmark = pytest.mark.timeout(200)
 class Replica:
     ip: str
     port: int
-    process: subprocess.Popen
+    server: ServeProcess
 
     @property
     def url(self) -> str:
-        return f"http://{self.ip}:{self.port}"
+        return self.server.url
+
+    @property
+    def process(self) -> subprocess.Popen:
+        return self.server.process
 
 
-def free_port(ips) -> int:
+def common_free_port(ips) -> int:
     """One port free on every address, so the replicas look alike (as pods on one containerPort)."""
     for _ in range(50):
-        with socket.socket() as s:
-            s.bind((ips[0], 0))
-            port = s.getsockname()[1]
+        port = free_port(ips[0])
         try:
             for ip in ips:
                 with socket.socket() as s:
@@ -90,59 +92,20 @@ def replicas(tmp_path_factory):
     """Three `pagoda serve` processes on the tiny model, one request at a time each (so requests queue)."""
     model = tmp_path_factory.mktemp("model") / "tiny"
     build_tiny_model(model, "llama")
-    port = free_port(IPS)
+    port = common_free_port(IPS)
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     logs = tmp_path_factory.mktemp("logs")
-    started = []
-    try:
-        for ip in IPS:
-            log = open(logs / f"{ip}.log", "wb")  # noqa: SIM115 - closed with the process
-            cmd = [
-                sys.executable,
-                "-m",
-                "pagoda.runtime.cli",
-                "serve",
-                str(model),
-                "--host",
-                ip,
-                "--port",
-                str(port),
-                "--device",
-                "cpu",
-                "--max-num-seqs",
-                "1",
-                "--served-model-name",
-                MODEL,
-                "--log-level",
-                "warning",
-            ]
-            started.append(
-                Replica(ip, port, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
-            )
-        deadline = time.monotonic() + 180
+    flags = ("--device", "cpu", "--max-num-seqs", "1", "--served-model-name", MODEL, "--log-level", "warning")
+    with contextlib.ExitStack() as stack:
+        started = [  # all three start at once, then each is awaited
+            Replica(ip, port, stack.enter_context(
+                pagoda_serve(model, *flags, log_path=logs / f"{ip}.log", host=ip, port=port, wait=False, env=env)
+            ))
+            for ip in IPS
+        ]
         for r in started:
-            while True:
-                if r.process.poll() is not None:
-                    pytest.fail(
-                        f"pagoda serve on {r.ip} exited: {(logs / f'{r.ip}.log').read_text()[-3000:]}"
-                    )
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{r.url}/health", timeout=1, trust_env=False).status_code == 200:
-                        break
-                assert time.monotonic() < deadline, f"pagoda serve on {r.ip} did not come up"
-                time.sleep(0.5)
+            r.server.wait_healthy()
         yield started
-    finally:
-        for r in started:
-            with contextlib.suppress(ProcessLookupError):
-                r.process.send_signal(signal.SIGCONT)
-                r.process.terminate()
-        for r in started:
-            try:
-                r.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                r.process.kill()
-                r.process.wait()
 
 
 class LoadGenerator:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from pathlib import Path
 
 import torch
 import uvicorn
+from serve_process import free_port
 
 from pagoda.runtime.engine_args import EngineArgs
 from pagoda.runtime.server.app import build_app
@@ -17,12 +17,6 @@ from pagoda.runtime.server.serving import ServerConfig
 from pagoda.runtime.tiny_models import build_tiny_model
 
 MODEL = "tiny"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LiveServer:

@@ -11,10 +11,9 @@ import sys
 import time
 
 import httpx
+from serve_process import free_port
 
 from pagoda.runtime.cli import build_parser
-
-from .live import free_port
 
 SERVE_FLAGS = ["--host", "--port", "--served-model-name", "--api-key", "--max-model-len",
                "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens", "--block-size",
