@@ -20,8 +20,9 @@ from pagoda.operator.builders.pvc import build_cache_pvc
 from pagoda.operator.builders.service import build_service, endpoint
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.k8s import Cluster
-from pagoda.operator.spec import CacheStatus, LoaderStatus, ModelServer, PlanStatus
+from pagoda.operator.spec import ModelServer
 from pagoda.operator.status import Observation, compute_status
+from pagoda.operator.status_schema import CacheStatus, LoaderStatus, PlanStatus
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,9 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+
+from pagoda.operator.schema_base import Model
+from pagoda.operator.status_schema import ModelServerStatus
 
 GROUP = "pagoda.dev"
 VERSION = "v1alpha1"
@@ -48,10 +50,6 @@ def free_form(description: str, *, array: bool = False) -> Any:
     item = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
     schema = {"type": "array", "items": item} if array else dict(item)
     return Field(default=None, description=description, json_schema_extra={"x-pagoda-raw": schema})
-
-
-class Model(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
 class ModelSource(Model):
@@ -263,70 +261,6 @@ class ModelServerSpec(Model):
             ]
         }
     )
-
-
-class StatusModel(Model):
-    """Status is written by several hands (the reconcile, the autoscaler, older operator versions):
-    reading it never fails on a field this version does not know."""
-
-    model_config = ConfigDict(extra="ignore")
-
-
-class Condition(StatusModel):
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str | None = None
-    message: str | None = None
-    last_transition_time: str | None = None
-    observed_generation: int | None = None
-
-
-class CacheStatus(StatusModel):
-    claim_name: str | None = None
-    uri: str | None = Field(default=None, description="The URI now loaded (or loading) in the cache.")
-    path: str | None = Field(default=None, description="Model folder inside the pods.")
-    ready: bool = False
-    job_name: str | None = None
-
-
-class PlanStatus(StatusModel):
-    """`pagoda plan` figures for the loaded model on the requested GPU."""
-
-    fits: bool | None = None
-    gpu_memory_gib: float | None = Field(default=None, alias="gpuMemoryGiB")
-    weight_bytes: int | None = None
-    kv_bytes_per_token: int | None = None
-    kv_capacity_tokens: int | None = None
-    max_concurrent_seqs: int | None = None
-    message: str | None = None
-
-
-class LoaderStatus(StatusModel):
-    failures: int = 0
-    failed_job_uid: str | None = None
-    retry_after: str | None = None
-
-
-class ModelServerStatus(Model):
-    phase: Literal["Pending", "Loading", "Starting", "Ready", "Failed"] | None = None
-    message: str | None = None
-    conditions: list[Condition] | None = Field(
-        default=None,
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )
-    replicas: int | None = None
-    ready_replicas: int | None = None
-    waiting_requests: float | None = Field(
-        default=None, description="Queue depth, written by the autoscaler."
-    )
-    desired_replicas: int | None = Field(default=None, description="Written by the autoscaler.")
-    endpoint: str | None = None
-    observed_generation: int | None = None
-    selector: str | None = Field(default=None, description="Pod label selector, for the scale subresource.")
-    cache: CacheStatus | None = None
-    plan: PlanStatus | None = None
-    loader: LoaderStatus | None = None
-    model_config = ConfigDict(extra="allow")
 
 
 def _plain(value: Any) -> Any:

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pagoda.operator.builders import meta
-from pagoda.operator.spec import CacheStatus, LoaderStatus, ModelServer, PlanStatus
+from pagoda.operator.spec import ModelServer
+from pagoda.operator.status_schema import CacheStatus, LoaderStatus, PlanStatus
 
 CacheState = Literal["ready", "loading", "failed", "reloading", "reload-failed"]
 OWNED_CONDITIONS = ("CacheReady", "Available", "Progressing")
