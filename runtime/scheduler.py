@@ -126,11 +126,12 @@ class Scheduler:
             nxt.scheduled.append(ScheduledRequest(r, 1))
         if not nxt.scheduled:
             return None
+        # Room for the in-flight token and the next one, for all or none: a partial allocation
+        # would hold blocks a step early for requests that then run synchronously.
+        if sum(self.kv.num_new_blocks(item.request, 2) for item in nxt.scheduled) > self.kv.block_pool.num_free_blocks:
+            return None
         for item in nxt.scheduled:
-            # room for the in-flight token and the next one
-            if self.kv.allocate_slots(item.request, 2) is None:
-                return None
-        for item in nxt.scheduled:
+            self.kv.allocate_slots(item.request, 2)
             item.request.num_in_flight_tokens += 1
         return nxt
 

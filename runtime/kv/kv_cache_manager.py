@@ -89,6 +89,11 @@ class KVCacheManager:
             request.request_id, 0
         )
 
+    def num_new_blocks(self, request: Request, num_new_tokens: int) -> int:
+        """Blocks allocate_slots would take from the pool for a running request (no cache hits)."""
+        total = request.num_computed_tokens + num_new_tokens
+        return max(cdiv(total, self.block_size) - len(self.req_to_blocks.get(request.request_id, ())), 0)
+
     def _allocate(
         self, request: Request, num_new_tokens: int, new_computed_blocks: list[KVBlock]
     ) -> list[KVBlock] | None:

@@ -88,6 +88,19 @@ def test_requests_waiting_for_a_seat_get_the_same_tokens(tiny_models):
     assert launches[0] > 5
 
 
+def test_a_short_pool_preempts_the_same_way(tiny_models):
+    # 18 blocks of 8 slots for 6 requests that grow past them: preemptions, and steps ahead that
+    # do not fit and fall back to a synchronous schedule without holding blocks early.
+    prompts = make_prompts(seed=35, lengths=[20, 9, 17, 30, 12, 25])
+    sync_engine = _engine(tiny_models["llama"], False, num_kv_blocks=18)
+    sync = _run(sync_engine, prompts, stop_token=11)
+    engine = _engine(tiny_models["llama"], True, num_kv_blocks=18)
+    launches = _count_ahead_launches(engine)
+    assert _run(engine, prompts, stop_token=11) == sync
+    assert sync_engine.scheduler.num_preemptions > 0 and engine.scheduler.num_preemptions > 0
+    assert launches[0] > 0
+
+
 def test_abort_while_a_step_is_in_flight(tiny_models):
     prompts = make_prompts(seed=32)[:8]
     sync = _run(_engine(tiny_models["qwen2"], False), prompts, stop_token=7, abort_at=3)
@@ -110,3 +123,17 @@ def test_no_ahead_step_when_sampling_needs_history(tiny_models):
     while engine.has_unfinished_requests():
         engine.step()
     assert launches[0] == 0  # penalties read the host history: never ahead
+
+
+def test_a_step_ahead_that_does_not_fit_takes_no_block(tiny_models):
+    engine = _engine(tiny_models["llama"], False, num_kv_blocks=20)  # the test schedules by hand
+    for i, p in enumerate(make_prompts(seed=36, lengths=[7, 7, 7])):
+        engine.add_request(str(i), None, p, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    engine.step()  # prefills: 7 tokens computed, one sampled, each in its first block
+    kv, scheduler = engine.kv_cache_manager, engine.scheduler
+    current = scheduler.schedule()  # decode of position 7: still the first block
+    kv.block_pool.get_new_blocks(kv.block_pool.num_free_blocks - 2)  # leave 2 free; 3 are needed
+    before = {r.request_id: len(kv.req_to_blocks[r.request_id]) for r in scheduler.running}
+    assert scheduler.schedule_ahead(current) is None
+    assert {r.request_id: len(kv.req_to_blocks[r.request_id]) for r in scheduler.running} == before
+    assert all(r.num_in_flight_tokens == 0 for r in scheduler.running)
