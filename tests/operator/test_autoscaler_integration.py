@@ -33,7 +33,7 @@ import yaml
 from conftest import eventually
 from serve_process import ServeProcess, free_port, pagoda_serve
 
-from pagoda.operator.autoscaler.timer import register
+from pagoda.operator.autoscaler.timer import SCRAPE_TIMEOUT_SECONDS, register
 from pagoda.operator.builders import meta
 from pagoda.operator.builders.deployment import build_deployment
 from pagoda.operator.config import OperatorConfig
@@ -342,7 +342,12 @@ async def test_replicas_follow_the_queue(apiserver, replicas):
             # All answer, queue empty: down one step per delay, to minReplicas.
             resumed = time.monotonic()
             await eventually(lambda: deployment_replicas() == 2, timeout=DELAY + 10)
-            assert time.monotonic() - resumed >= DELAY - 0.5  # the calm counted afresh from when all answered
+            # The calm is counted afresh from when all answered, not from when the queue emptied (which
+            # would step down within a scrape of resuming). The tick that first sees every replica may
+            # have started its scrape up to one scrape timeout (1 s here) before SIGCONT, and the calm
+            # is stamped with that tick's time.
+            scrape_timeout = min(SCALING["scrapeIntervalSeconds"], SCRAPE_TIMEOUT_SECONDS)
+            assert time.monotonic() - resumed >= DELAY - scrape_timeout - 0.25
             await eventually(lambda: deployment_replicas() == 1, timeout=DELAY + 10)
             assert replicas_history(apiserver) == [1, 3, 2, 1]
             assert scale_writes(apiserver)[2:] == [
