@@ -16,6 +16,7 @@
 # runs at ~650 tok/s, and its JSON records "capped": true when below the workload's 256),
 # W3_RATES (default "4 8 16 32 inf"), W3_NUM_PROMPTS (default 512), PORT (default 8321),
 # SERVE_ARGS (extra `pagoda serve` flags for W3, e.g. "--max-num-batched-tokens 16384"),
+# CPU_SAMPLE=1 (W3 also writes W3-cpu-*.json: CPU use per process and thread, from e2e/cpu_sampler.py),
 # PAGODA_COMMIT (the commit to record where the tree has no .git), and SMOKE=1: every stage on the
 # tiny synthetic model with a few short requests, on the CPU too, to check this script end to end
 # before spending GPU time (its figures mean nothing).
@@ -64,9 +65,13 @@ stage_w2() {
 }
 
 stage_w3() {
-    local model log offline w1 server_pid rc=0
+    local model log offline w1 server_pid sampler_pid="" rc=0
     model=$("${PAGODA[@]}" bench model "$W3_MODEL" | tail -n 1)
     log=$(mktemp -t pagoda-w3-server.XXXXXX.log)
+    if [ "${CPU_SAMPLE:-0}" = 1 ]; then
+        "$PY" e2e/cpu_sampler.py "$OUT/W3-cpu-$(date +%Y%m%d-%H%M%S).json" &
+        sampler_pid=$!
+    fi
     "${PAGODA[@]}" serve "$model" --host 127.0.0.1 --port "$PORT" --load-format dummy \
         --max-model-len 2048 --served-model-name "$W3_MODEL" --log-level warning ${SERVE_ARGS:-} >"$log" 2>&1 &
     server_pid=$!
@@ -79,6 +84,7 @@ stage_w3() {
         --no-progress --out "$OUT" || rc=$?
     kill "$server_pid" 2>/dev/null || true
     wait "$server_pid" 2>/dev/null || true
+    if [ -n "$sampler_pid" ]; then kill -TERM "$sampler_pid"; wait "$sampler_pid" || true; fi
     if [ "$rc" -ne 0 ]; then
         echo "W3 failed (rc=$rc); server log tail:" >&2
         tail -n 50 "$log" >&2

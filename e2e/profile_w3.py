@@ -1,0 +1,96 @@
+"""W3 at full load without HTTP: the engine alone, stepped as the server's engine process steps it.
+
+    python e2e/profile_w3.py --out DIR [--max-num-seqs 256 512] [--mnbt 8192]
+
+All 512 W3 requests (W1's prompt lengths, outputs randint(64, 512), EOS ignored) are added at once
+to an in-process LLMEngine, which is then stepped with full outputs, each step's outputs encoded as
+deltas and pickled, exactly as server/engine_proc.py does before its socket send. The figure is the
+ceiling the served run could reach if HTTP, tokenization and the load generator cost nothing; the
+served/offline gap splits into (this figure vs served) = the server side, and (W1 vs this figure)
+= what the engine loses to admission churn and the drain at the end. Per-step GPU time, GPU idle
+and step kinds come from profile_gpu.StepRecorder; the host time spent encoding and pickling is
+summed separately. Writes profile-w3-<commit>.json into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from profile_gpu import StepRecorder  # noqa: E402
+
+from pagoda.runtime.bench import workloads  # noqa: E402
+from pagoda.runtime.engine import LLMEngine  # noqa: E402
+from pagoda.runtime.engine_args import EngineArgs  # noqa: E402
+from pagoda.runtime.sampling_params import SamplingParams  # noqa: E402
+from pagoda.runtime.server.engine_deltas import DeltaEncoder  # noqa: E402
+
+
+def run_load(engine: LLMEngine, recorder: StepRecorder, requests, tag: str) -> dict:
+    encoder = DeltaEncoder()
+    for i, r in enumerate(requests):
+        params = SamplingParams(temperature=0, max_tokens=r.output_len, min_tokens=r.output_len, ignore_eos=True)
+        engine.add_request(f"{tag}-{i}", None, r.prompt_token_ids, params)
+    torch.cuda.synchronize()
+    recorder.reset()
+    encode_s, steps, batch_sum = 0.0, 0, 0
+    t0 = time.perf_counter()
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        t1 = time.perf_counter()
+        pickle.dumps(("step", [], encoder.encode(outputs), None), pickle.HIGHEST_PROTOCOL)
+        encode_s += time.perf_counter() - t1
+        steps += 1
+        batch_sum += len(engine.scheduler.running)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    result = recorder.summary(wall)
+    tokens = sum(r.output_len for r in requests)
+    result.update(output_tokens=tokens, output_tokens_per_s=round(tokens / wall, 1), engine_steps=steps,
+                  mean_running=round(batch_sum / max(steps, 1), 1), encode_pickle_s=round(encode_s, 3))
+    return result
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--max-num-seqs", type=int, nargs="+", default=[256])
+    p.add_argument("--mnbt", type=int, default=8192, help="the server's default token budget")
+    p.add_argument("--num-requests", type=int, default=workloads.W3_NUM_REQUESTS)
+    args = p.parse_args()
+    model = workloads.resolve_model("w1")
+    requests = workloads.serving_requests(args.num_requests, seed=0)
+    warm = workloads.offline_requests(256, 16, seed=1)
+    result = {"commit": os.environ.get("PAGODA_COMMIT", "unknown"), "gpu": torch.cuda.get_device_name(),
+              "torch": torch.__version__, "num_requests": args.num_requests, "max_num_batched_tokens": args.mnbt,
+              "runs": {}}
+    for seqs in args.max_num_seqs:
+        engine = LLMEngine.from_engine_args(EngineArgs(
+            model=str(model), load_format="dummy", max_model_len=2048, max_num_batched_tokens=args.mnbt,
+            max_num_seqs=seqs, seed=0))
+        recorder = StepRecorder(engine)
+        run_load(engine, recorder, warm, "warm")
+        result["runs"][str(seqs)] = run_load(engine, recorder, requests, "w3")
+        print("W3 engine-only, max_num_seqs", seqs, json.dumps(result["runs"][str(seqs)]), flush=True)
+        engine.shutdown()
+        del engine, recorder
+        torch.cuda.empty_cache()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"profile-w3-{result['commit']}.json"
+    path.write_text(json.dumps(result, indent=1))
+    print("wrote", path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
