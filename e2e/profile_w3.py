@@ -1,6 +1,8 @@
 """W3 at full load without HTTP: the engine alone, stepped as the server's engine process steps it.
 
-    python e2e/profile_w3.py --out DIR [--max-num-seqs 256 512] [--mnbt 8192]
+    python e2e/profile_w3.py --out DIR [--max-num-seqs 256] [--mnbt 8192]
+
+Run one --max-num-seqs per process: an engine sizes its KV pool to the whole GPU.
 
 All 512 W3 requests (W1's prompt lengths, outputs randint(64, 512), EOS ignored) are added at once
 to an in-process LLMEngine, which is then stepped with full outputs, each step's outputs encoded as
@@ -81,14 +83,16 @@ def main() -> int:
         run_load(engine, recorder, warm, "warm")
         result["runs"][str(seqs)] = run_load(engine, recorder, requests, "w3")
         print("W3 engine-only, max_num_seqs", seqs, json.dumps(result["runs"][str(seqs)]), flush=True)
+        # Written after every run: a later run that fails (one engine's KV pool is sized to the
+        # whole GPU, and the next may not fit beside its leftovers) must not lose this one.
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"profile-w3-{result['commit']}-{'-'.join(map(str, args.max_num_seqs))}.json"
+        path.write_text(json.dumps(result, indent=1))
+        print("wrote", path, flush=True)
         engine.shutdown()
         del engine, recorder
         torch.cuda.empty_cache()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"profile-w3-{result['commit']}.json"
-    path.write_text(json.dumps(result, indent=1))
-    print("wrote", path)
     return 0
 
 

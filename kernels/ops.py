@@ -6,7 +6,10 @@ Triton modules are imported on first CUDA use, so CPU-only processes never load 
 
 from __future__ import annotations
 
+import os
+
 import torch
+import torch.nn.functional as F
 
 from pagoda.kernels.activation_ref import silu_and_mul_ref
 from pagoda.kernels.kv_cache_ref import write_kv_cache_ref
@@ -88,6 +91,51 @@ def silu_and_mul(x):
 
         return triton_silu_and_mul(x)
     return silu_and_mul_ref(x)
+
+
+GEMV_MAX_ROWS = 4
+# At a few rows a linear layer is a weight stream, and the Triton GEMV streams faster than
+# cuBLAS's small-M tiles; PAGODA_GEMV=0 (read at import) or GEMV_ENABLED = False keeps cuBLAS, so
+# a benchmark can compare the two.
+GEMV_ENABLED = os.environ.get("PAGODA_GEMV", "1") != "0"
+_GEMV_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _use_gemv(x, weight, bias=None) -> bool:
+    """Whether the Triton GEMV takes y = x @ weight^T: CUDA, 1..GEMV_MAX_ROWS rows (the rows cost
+    registers in every program; more go to cuBLAS), 2-byte floats throughout, rows contiguous."""
+    if not GEMV_ENABLED or x.dim() == 0 or x.shape[-1] == 0:
+        return False
+    rows = x.numel() // x.shape[-1]
+    return (
+        1 <= rows <= GEMV_MAX_ROWS
+        and _on_gpu(x)
+        and x.dtype in _GEMV_DTYPES
+        and weight.dtype == x.dtype
+        and (bias is None or bias.dtype == x.dtype)
+        and weight.dim() == 2
+        and weight.stride(1) == 1
+        and x.stride(-1) == 1
+    )
+
+
+def linear(x, weight, bias=None):
+    """y = x @ weight^T + bias, as F.linear."""
+    if _use_gemv(x, weight, bias):
+        from pagoda.kernels.gemv import gemv
+
+        return gemv(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+def silu_and_mul_linear(x, weight, bias=None):
+    """linear(silu_and_mul(x), weight, bias) for x = [..., 2 * d] holding gate then up. At a few
+    rows one GEMV kernel computes the activation on the fly, so it is never written out."""
+    if _use_gemv(x, weight, bias):
+        from pagoda.kernels.gemv import gemv
+
+        return gemv(x, weight, bias, act="silu_mul")
+    return F.linear(silu_and_mul(x), weight, bias)
 
 
 def sample(logits, temperature, top_k, top_p, min_p, seeds, steps, **hints):

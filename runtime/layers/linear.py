@@ -10,9 +10,9 @@ lazy safetensors slice, so only that slice is read from disk).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from pagoda.kernels import ops
 from pagoda.runtime.layers.parallel_state import current_tp, divide, get_tp_size, kv_heads_per_rank
 from pagoda.runtime.layers.weight_slice import materialize, narrow, shape_of
 
@@ -38,7 +38,7 @@ class LinearBase(nn.Module):
             param.data.copy_(materialize(loaded))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return ops.linear(x, self.weight, self.bias)
 
 
 class ReplicatedLinear(LinearBase):
@@ -91,5 +91,11 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The bias is added once, after the partial sums are reduced.
-        y = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+        y = ops.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+        return self.tp.all_reduce(y)
+
+    def forward_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """forward(silu(gate) * up) from the MLP's merged gate|up output; at decode's few rows one
+        kernel does both, and the activation never goes through memory."""
+        y = ops.silu_and_mul_linear(gate_up, self.weight, self.bias if self.tp_rank == 0 else None)
         return self.tp.all_reduce(y)

@@ -11,7 +11,6 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from pagoda.kernels import ops
 from pagoda.runtime.layers.attention import Attention
 from pagoda.runtime.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pagoda.runtime.layers.norm import RMSNorm
@@ -53,7 +52,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj.forward_silu_mul(self.gate_up_proj(x))
 
 
 class LlamaDecoderLayer(nn.Module):
