@@ -1,0 +1,232 @@
+"""Triton GEMV for decode's few rows: y[M, N] = x[M, K] @ W[N, K]^T (+ bias), M <= 4.
+
+At batch 1 a linear layer is a weight stream: every byte of W is read once and used M times.
+cuBLAS's small-M tiles leave bandwidth idle on the 8B model's qkv and o_proj (3.1 of 4.25 TB/s),
+so here each program owns BLOCK_N rows of W and streams them over K in BLOCK_K chunks, for all M
+rows of x at once, so the weights are loaded once. Each row keeps an fp32 product of the chunk's
+shape that is reduced across threads once, at the end: a reduction per chunk would put shuffles
+and barriers between the loads. Within a thread, FOLD neighbours along K (its own 16-byte load) are
+summed as they arrive, which is free and makes the accumulators FOLD times smaller; the registers
+saved let more programs share an SM, and more loads be in flight.
+
+When N / BLOCK_N gives too few programs to fill the GPU, SPLIT_K programs share a row block's K
+range and write fp32 partials, and a second kernel sums them in a fixed order (deterministic,
+unlike atomics) and adds the bias.
+
+act="silu_mul" takes x as the MLP's merged [M, 2 * K] gate|up tensor and feeds silu(gate) * up,
+rounded as kernels/activation.py rounds it, so the down projection needs no kernel of its own.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_ROWS = 4  # each row of x keeps its own accumulators in registers
+# Bytes of W each thread loads per loop step (8 16-byte loads): with the registers that leaves,
+# enough programs fit on an SM to keep the ~30 KB per SM in flight that HBM3e needs.
+LOAD_BYTES_PER_THREAD = 128
+
+
+@dataclass(frozen=True, slots=True)
+class GemvConfig:
+    block_n: int = 8  # rows of W per program
+    block_k: int = 1024  # columns of W per loop step
+    split_k: int = 1  # programs sharing one row block's K range
+    num_warps: int = 4
+    # The loop has no tl.dot, and Triton (3.9 at least) does not software-pipeline plain loads, so
+    # stages change nothing there; bytes in flight come from block_n * block_k and occupancy.
+    num_stages: int = 1
+    # K neighbours one thread sums as they arrive (8 bf16 = its 16-byte load): no shuffles, and
+    # accumulators fold times smaller, which buys occupancy. 1 keeps the whole product.
+    fold: int = 8
+
+
+# Measured winners by (M, N, K), from e2e/gemv_gpu_bench.py (it prints this table's entries).
+# Shapes not listed fall back to the heuristic below.
+TUNED: dict[tuple[int, int, int], GemvConfig] = {}
+
+
+@functools.lru_cache(maxsize=256)
+def gemv_config(m: int, n: int, k: int, num_sms: int = 132) -> GemvConfig:
+    """Launch knobs for y[m, n] = x[m, k] @ W[n, k]^T (2-byte weights): the tuned entry, else a
+    heuristic."""
+    if (m, n, k) in TUNED:
+        return TUNED[m, n, k]
+    num_warps = 4
+    block_k = min(1024, max(16, triton.next_power_of_2(k)))  # long contiguous reads per row
+    tile = LOAD_BYTES_PER_THREAD * 32 * num_warps // 2  # weights per program and step
+    block_n = max(1, min(64, tile // block_k, triton.next_power_of_2(n)))
+    # Fewer programs than twice the SMs leaves SMs idle or unbalanced: thinner row blocks first,
+    # then split K (a second kernel, a few microseconds against ~8 us of o_proj at batch 1).
+    while block_n > 4 and triton.cdiv(n, block_n) < 2 * num_sms:
+        block_n //= 2
+    split_k = 1
+    while triton.cdiv(n, block_n) * split_k < num_sms and k >= 2 * split_k * 4 * block_k:
+        split_k *= 2
+    return GemvConfig(block_n, block_k, split_k, num_warps)
+
+
+@triton.jit
+def _input_chunk(x_ptr, m, stride_xm, offs_k, K, SILU_MUL: tl.constexpr, EVEN_K: tl.constexpr):
+    """Row m of the input vector at offs_k ([BLOCK_K // FOLD, FOLD]), in fp32, as [1, ., FOLD]."""
+    ptrs = x_ptr + m * stride_xm + offs_k
+    # x is a few KB that every program reads: keep it in L2 while the weights stream past.
+    if EVEN_K:
+        v = tl.load(ptrs, eviction_policy="evict_last")
+    else:
+        v = tl.load(ptrs, mask=offs_k < K, other=0.0, eviction_policy="evict_last")
+    if SILU_MUL:
+        if EVEN_K:
+            up = tl.load(ptrs + K, eviction_policy="evict_last")
+        else:
+            up = tl.load(ptrs + K, mask=offs_k < K, other=0.0, eviction_policy="evict_last")
+        gate = v.to(tl.float32)
+        silu = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty)
+        v = (silu.to(tl.float32) * up.to(tl.float32)).to(x_ptr.dtype.element_ty)
+    return v.to(tl.float32)[None, :, :]
+
+
+@triton.jit
+def _store_row(out_ptr, acc, m, pid_k, rows, bias, N, stride_om,
+               M: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr):
+    y = tl.sum(acc, axis=1)
+    if PARTIAL:  # fp32 partials [splits, M, N]; the reduce kernel adds the bias
+        tl.store(out_ptr + (pid_k * M + m) * N + rows, y, mask=rows < N)
+    else:
+        if HAS_BIAS:
+            y += bias
+        tl.store(out_ptr + m * stride_om + rows, y.to(out_ptr.dtype.element_ty), mask=rows < N)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, bias_ptr, out_ptr,
+    N, K, k_per_split, stride_xm, stride_wn, stride_om,
+    M: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, PARTIAL: tl.constexpr,
+    EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Rows past N re-read row N - 1 rather than masking, so the weight loads stay unpredicated
+    # (and vectorized); their results are dropped at the store.
+    w_rows = w_ptr + tl.minimum(rows, N - 1).to(tl.int64)[:, None, None] * stride_wn
+    k_begin = pid_k * k_per_split
+    k_end = tl.minimum(k_begin + k_per_split, K)
+    # A chunk is viewed as [BLOCK_K // FOLD, FOLD], the FOLD in one thread (see the docstring).
+    chunk = tl.arange(0, BLOCK_K // FOLD)[:, None] * FOLD + tl.arange(0, FOLD)[None, :]
+    # One accumulator per row of x. Rows >= M are never touched, so they cost nothing.
+    acc0 = tl.zeros((BLOCK_N, BLOCK_K // FOLD), tl.float32)
+    acc1 = tl.zeros((BLOCK_N, BLOCK_K // FOLD), tl.float32)
+    acc2 = tl.zeros((BLOCK_N, BLOCK_K // FOLD), tl.float32)
+    acc3 = tl.zeros((BLOCK_N, BLOCK_K // FOLD), tl.float32)
+    for k in range(k_begin, k_end, BLOCK_K):
+        offs_k = k + chunk
+        # The weights are read once per step: do not let them push x out of L2.
+        if EVEN_K:
+            w = tl.load(w_rows + offs_k[None, :, :], eviction_policy="evict_first")
+        else:
+            w = tl.load(w_rows + offs_k[None, :, :], mask=offs_k[None, :, :] < K, other=0.0,
+                        eviction_policy="evict_first")
+        w = w.to(tl.float32)
+        acc0 += tl.sum(w * _input_chunk(x_ptr, 0, stride_xm, offs_k, K, SILU_MUL, EVEN_K), axis=2)
+        if M > 1:
+            acc1 += tl.sum(w * _input_chunk(x_ptr, 1, stride_xm, offs_k, K, SILU_MUL, EVEN_K), axis=2)
+        if M > 2:
+            acc2 += tl.sum(w * _input_chunk(x_ptr, 2, stride_xm, offs_k, K, SILU_MUL, EVEN_K), axis=2)
+        if M > 3:
+            acc3 += tl.sum(w * _input_chunk(x_ptr, 3, stride_xm, offs_k, K, SILU_MUL, EVEN_K), axis=2)
+
+    bias = 0.0
+    if HAS_BIAS:
+        if not PARTIAL:
+            bias = tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
+    _store_row(out_ptr, acc0, 0, pid_k, rows, bias, N, stride_om, M, HAS_BIAS, PARTIAL)
+    if M > 1:
+        _store_row(out_ptr, acc1, 1, pid_k, rows, bias, N, stride_om, M, HAS_BIAS, PARTIAL)
+    if M > 2:
+        _store_row(out_ptr, acc2, 2, pid_k, rows, bias, N, stride_om, M, HAS_BIAS, PARTIAL)
+    if M > 3:
+        _store_row(out_ptr, acc3, 3, pid_k, rows, bias, N, stride_om, M, HAS_BIAS, PARTIAL)
+
+
+@triton.jit
+def _split_k_reduce_kernel(
+    partial_ptr, bias_ptr, out_ptr, N, stride_om,
+    M: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    m = tl.program_id(1)
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for s in tl.static_range(SPLITS):  # a fixed order: the same bits every run
+        acc += tl.load(partial_ptr + (s * M + m) * N + cols, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132  # the interpreter: any count works; the H200's keeps configs as on the GPU
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    act: str | None = None,
+    out: torch.Tensor | None = None,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:
+    """x [..., K] (or [..., 2 * K] holding gate then up with act="silu_mul") with at most MAX_ROWS
+    rows; weight [N, K] row-major. Returns [..., N] in x's dtype (into out, if given)."""
+    assert act in (None, "silu_mul"), f"unknown act {act!r}"
+    n, k = weight.shape
+    silu_mul = act == "silu_mul"
+    assert x.shape[-1] == (2 * k if silu_mul else k), f"x {tuple(x.shape)} does not fit weight {(n, k)}"
+    assert weight.stride(1) == 1, "weight rows must be contiguous"
+    x2 = x.reshape(-1, x.shape[-1])
+    assert x2.stride(-1) == 1, "x rows must be contiguous"
+    m = x2.shape[0]
+    assert m <= MAX_ROWS, f"gemv takes at most {MAX_ROWS} rows, got {m}"
+    if out is None:
+        out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
+    out2 = out.view(-1, n)
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.copy_(bias.expand_as(out)) if bias is not None else out.zero_()
+    cfg = config or gemv_config(m, n, k, _num_sms(x.device))
+
+    # Every split but the last covers whole BLOCK_K chunks; a split that would start past K is
+    # dropped. EVEN_K (all splits full) lets the loop run without masks.
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    splits = triton.cdiv(k, k_per_split)
+    has_bias = bias is not None
+    bias_arg = bias if has_bias else weight  # never read
+    target = out2
+    if splits > 1:
+        target = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
+    _gemv_kernel[(triton.cdiv(n, cfg.block_n), splits)](
+        x2, weight, bias_arg, target,
+        n, k, k_per_split, x2.stride(0), weight.stride(0), out2.stride(0),
+        M=m, HAS_BIAS=has_bias, SILU_MUL=silu_mul, PARTIAL=splits > 1, EVEN_K=k % k_per_split == 0,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FOLD=min(cfg.fold, cfg.block_k),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if splits > 1:
+        block = min(1024, triton.next_power_of_2(n))
+        _split_k_reduce_kernel[(triton.cdiv(n, block), m)](
+            target, bias_arg, out2, n, out2.stride(0),
+            M=m, SPLITS=splits, HAS_BIAS=has_bias, BLOCK=block, num_warps=4,
+        )
+    return out
