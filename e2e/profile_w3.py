@@ -17,6 +17,7 @@ summed separately. Writes profile-w3-<commit>.json into --out.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import pickle
@@ -28,13 +29,66 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from profile_gpu import StepRecorder  # noqa: E402
+from profile_gpu import StepRecorder, step_kind  # noqa: E402
 
 from pagoda.runtime.bench import workloads  # noqa: E402
 from pagoda.runtime.engine import LLMEngine  # noqa: E402
 from pagoda.runtime.engine_args import EngineArgs  # noqa: E402
+from pagoda.runtime.model_runner import PendingStep  # noqa: E402
 from pagoda.runtime.sampling_params import SamplingParams  # noqa: E402
 from pagoda.runtime.server.engine_deltas import DeltaEncoder  # noqa: E402
+
+
+class HostStages:
+    """Host seconds per stage of the step loop, and in Python's garbage collector. The launch is
+    split by step kind: an eager (prefill or mixed) step launches every kernel from Python."""
+
+    def __init__(self, engine: LLMEngine):
+        self.totals: dict[str, float] = {}
+        sched, runner, outputs = engine.scheduler, engine.runner, engine.output_processor
+        for obj, name in ((sched, "schedule"), (sched, "schedule_ahead"), (sched, "update_from_output"),
+                          (outputs, "process_tokens"), (outputs, "make_output")):
+            setattr(obj, name, self._timed(name, getattr(obj, name)))
+        launch = runner.launch
+
+        def timed_launch(sched_out, *a):
+            t0 = time.perf_counter()
+            try:
+                return launch(sched_out, *a)
+            finally:
+                self._add(f"launch_{step_kind(sched_out)}", time.perf_counter() - t0)
+
+        runner.launch = timed_launch
+        self._wait = PendingStep.wait
+        PendingStep.wait = self._timed("wait", PendingStep.wait)
+        self._gc_start = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _add(self, name: str, seconds: float) -> None:
+        self.totals[name] = self.totals.get(name, 0.0) + seconds
+
+    def _timed(self, name, fn):
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self._add(name, time.perf_counter() - t0)
+        return timed
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self._add(f"gc_gen{info.get('generation')}", time.perf_counter() - self._gc_start)
+
+    def take(self) -> dict:
+        out, self.totals = {k: round(v, 3) for k, v in sorted(self.totals.items())}, {}
+        return out
+
+    def close(self) -> None:
+        PendingStep.wait = self._wait
+        gc.callbacks.remove(self._on_gc)
 
 
 def run_load(engine: LLMEngine, recorder: StepRecorder, requests, tag: str) -> dict:
@@ -65,7 +119,8 @@ def run_load(engine: LLMEngine, recorder: StepRecorder, requests, tag: str) -> d
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
-    p.add_argument("--max-num-seqs", type=int, nargs="+", default=[256])
+    p.add_argument("--max-num-seqs", type=int, nargs="+", default=[256],
+                   help="0 = the engine's default for this GPU")
     p.add_argument("--mnbt", type=int, default=8192, help="the server's default token budget")
     p.add_argument("--num-requests", type=int, default=workloads.W3_NUM_REQUESTS)
     args = p.parse_args()
@@ -78,10 +133,14 @@ def main() -> int:
     for seqs in args.max_num_seqs:
         engine = LLMEngine.from_engine_args(EngineArgs(
             model=str(model), load_format="dummy", max_model_len=2048, max_num_batched_tokens=args.mnbt,
-            max_num_seqs=seqs, seed=0))
+            max_num_seqs=seqs or None, seed=0))
         recorder = StepRecorder(engine)
+        stages = HostStages(engine)
         run_load(engine, recorder, warm, "warm")
+        stages.take()
         result["runs"][str(seqs)] = run_load(engine, recorder, requests, "w3")
+        result["runs"][str(seqs)]["host_stage_s"] = stages.take()
+        stages.close()
         print("W3 engine-only, max_num_seqs", seqs, json.dumps(result["runs"][str(seqs)]), flush=True)
         # Written after every run: a later run that fails (one engine's KV pool is sized to the
         # whole GPU, and the next may not fit beside its leftovers) must not lose this one.

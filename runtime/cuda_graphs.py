@@ -24,9 +24,15 @@ from pagoda.runtime.input_batch import InputBuffers
 logger = logging.getLogger(__name__)
 
 
+# The largest decode batch captured (vLLM's cap too): each graph holds its own activations, and a
+# step of more rows takes long enough (~25 ms for the 8B model at 512) that eager launch costs little.
+MAX_CAPTURE_SIZE = 512
+
+
 def capture_sizes(max_num_seqs: int) -> list[int]:
     """1, 2, 4, 8, then every multiple of 8 up to max_num_seqs, and max_num_seqs itself (vLLM's
-    buckets): padding wastes at most 7 rows once batches reach 8."""
+    buckets): padding wastes at most 7 rows once batches reach 8. Capped at MAX_CAPTURE_SIZE."""
+    max_num_seqs = min(max_num_seqs, MAX_CAPTURE_SIZE)
     sizes = [s for s in (1, 2, 4, 8) if s <= max_num_seqs]
     sizes += range(16, max_num_seqs + 1, 8)
     if sizes[-1] != max_num_seqs:

@@ -14,6 +14,7 @@ decides scheduling (token-level stops, stop strings) still happens before the ne
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -68,6 +69,8 @@ class LLMEngine:
             resolve_model_path(args.tokenizer) if args.tokenizer else path, args.chat_template
         )
         self.device = resolve_device(args.device)
+        if args.max_num_seqs is None:
+            args = self.args = dataclasses.replace(args, max_num_seqs=default_max_num_seqs(self.device))
         max_len = self.model_config.max_model_len
         self.max_num_batched_tokens = args.max_num_batched_tokens or default_token_budget(args, self.device)
         # A ModelRunner, or with tensor_parallel_size > 1 an executor that stands in for rank 0's
@@ -292,12 +295,25 @@ class LLMEngine:
         return self.tokenizer
 
 
+def _big_gpu(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_properties(device).total_memory >= 70 * 2**30
+
+
+def default_max_num_seqs(device: torch.device) -> int:
+    """Seats when the user gives none, as vLLM picks them: 1024 on a GPU of 70 GiB or more, else 256.
+    A big GPU's KV pool holds far more than 256 sequences of chat length; with only 256 seats, a
+    queue longer than that admits one prompt per finished request, so nearly every step mixes a
+    small prefill into the decode batch and the decode batch never grows past 256. CUDA graphs
+    stop at 512 rows (cuda_graphs.MAX_CAPTURE_SIZE): larger decode batches run eager, where the
+    launch cost is small against the step."""
+    return 1024 if _big_gpu(device) else 256
+
+
 def default_token_budget(args: EngineArgs, device: torch.device) -> int:
     """Tokens per step when the user gives none, as vLLM picks them: 16k for offline batches on a
     GPU of 70 GiB or more (half as many prefill steps; W1 measured +4.8% on the H200), else 8k,
     which keeps a server's decode steps short while prompts are prefilled beside them."""
-    big_gpu = device.type == "cuda" and torch.cuda.get_device_properties(device).total_memory >= 70 * 2**30
-    budget = 16384 if args.usage_context == "llm_class" and big_gpu else 8192
+    budget = 16384 if args.usage_context == "llm_class" and _big_gpu(device) else 8192
     return max(budget, args.max_num_seqs)
 
 

@@ -15,7 +15,8 @@ class EngineArgs:
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
     num_kv_blocks: int | None = None
-    max_num_seqs: int = 256
+    # None: 1024 on a GPU of 70 GiB or more, else 256 (vLLM's defaults; see default_max_num_seqs).
+    max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
     seed: int = 0
@@ -35,7 +36,7 @@ class EngineArgs:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.max_num_seqs < 1:
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")

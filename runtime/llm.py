@@ -22,7 +22,7 @@ class LLM:
         block_size: int = 16,
         gpu_memory_utilization: float = 0.9,
         num_kv_blocks: int | None = None,
-        max_num_seqs: int = 256,
+        max_num_seqs: int | None = None,
         max_num_batched_tokens: int | None = None,
         enable_prefix_caching: bool = True,
         seed: int = 0,

@@ -26,8 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="longest sequence, prompt plus output, in tokens (default: from config.json)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="fraction of GPU memory for weights, activations and the KV cache (default: 0.9)")
-    p.add_argument("--max-num-seqs", type=int, default=256,
-                   help="most sequences in one batch (default: %(default)s)")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="most sequences in one batch (default: 1024 on a GPU of 70 GiB or more, else 256)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="most tokens in one step, prefill and decode together (default: engine's choice)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (default: 16)")
