@@ -134,6 +134,8 @@ def main() -> int:
         engine = LLMEngine.from_engine_args(EngineArgs(
             model=str(model), load_format="dummy", max_model_len=2048, max_num_batched_tokens=args.mnbt,
             max_num_seqs=seqs or None, seed=0))
+        gc.collect()
+        gc.freeze()  # as server/engine_proc.py does once the engine is built
         recorder = StepRecorder(engine)
         stages = HostStages(engine)
         run_load(engine, recorder, warm, "warm")

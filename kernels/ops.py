@@ -119,22 +119,34 @@ def _use_gemv(x, weight, bias=None) -> bool:
     )
 
 
+def _gemv_launch(x, weight, bias, act):
+    """The GEMV's launch when it may take this call and measured faster than cuBLAS on this shape
+    (pagoda.kernels.gemv.FASTER_THAN_CUBLAS), else None: cuBLAS."""
+    if not _use_gemv(x, weight, bias):
+        return None
+    from pagoda.kernels.gemv import measured_win
+
+    return measured_win(x.numel() // x.shape[-1], weight.shape[0], weight.shape[1], act, x.device)
+
+
 def linear(x, weight, bias=None):
     """y = x @ weight^T + bias, as F.linear."""
-    if _use_gemv(x, weight, bias):
+    config = _gemv_launch(x, weight, bias, None)
+    if config is not None:
         from pagoda.kernels.gemv import gemv
 
-        return gemv(x, weight, bias)
+        return gemv(x, weight, bias, config=config)
     return F.linear(x, weight, bias)
 
 
 def silu_and_mul_linear(x, weight, bias=None):
-    """linear(silu_and_mul(x), weight, bias) for x = [..., 2 * d] holding gate then up. At a few
-    rows one GEMV kernel computes the activation on the fly, so it is never written out."""
-    if _use_gemv(x, weight, bias):
+    """linear(silu_and_mul(x), weight, bias) for x = [..., 2 * d] holding gate then up. At one row
+    one GEMV kernel computes the activation on the fly, so it is never written out."""
+    config = _gemv_launch(x, weight, bias, "silu_mul")
+    if config is not None:
         from pagoda.kernels.gemv import gemv
 
-        return gemv(x, weight, bias, act="silu_mul")
+        return gemv(x, weight, bias, act="silu_mul", config=config)
     return F.linear(silu_and_mul(x), weight, bias)
 
 

@@ -232,7 +232,12 @@ class ModelRunner:
             self.buffers.input_ids[:n].copy_(src[:n])
         else:  # some requests finished in the previous step
             rows = {id(r): i for i, r in enumerate(previous.requests)}
-            index = torch.tensor([rows[id(r)] for r in requests], device=src.device)
+            index = torch.tensor([rows[id(r)] for r in requests])
+            if src.is_cuda:
+                # A blocking host-to-device copy would wait for the step in flight, which is the
+                # very wait that scheduling ahead removes: go through pinned memory, which the
+                # caching host allocator keeps until the copy has run.
+                index = index.pin_memory().to(src.device, non_blocking=True)
             self.buffers.input_ids[:n].copy_(src[index])
 
     def forward_eager(

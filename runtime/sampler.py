@@ -92,13 +92,12 @@ class Sampler:
         raw_logprobs = None
         if logprob_rows:
             raw_logprobs = torch.log_softmax(logits[logprob_rows].float(), dim=-1)
-        masked = [
-            i for i, r in enumerate(requests) if r.num_output_tokens + pending < r.sampling_params.min_tokens
-        ]
+        banned = self._stops_before_min_tokens(logits.shape[1], requests, pending)
         penalized = any(p.needs_history for p in params)
-        if masked or penalized:
+        if banned or penalized:
             logits = logits.float().clone()
-            self._mask_stops_before_min_tokens(logits, requests, masked)
+            if banned:
+                self._ban(logits, banned)
             if penalized:
                 logits = self._apply_penalties(logits, requests)
 
@@ -116,18 +115,31 @@ class Sampler:
                 logprobs[i] = tl
         return tokens, logprobs
 
-    def _mask_stops_before_min_tokens(
-        self, logits: torch.Tensor, requests: list[Request], rows: list[int]
-    ) -> None:
-        for i in rows:
-            r = requests[i]
+    @staticmethod
+    def _stops_before_min_tokens(vocab: int, requests: list[Request], pending: int) -> tuple[list, list]:
+        """(rows, token ids) of the stop tokens that may not be sampled yet (min_tokens), or ()."""
+        rows, cols = [], []
+        for i, r in enumerate(requests):
             p = r.sampling_params
+            if r.num_output_tokens + pending >= p.min_tokens:
+                continue
             stop_ids = list(p.stop_token_ids)
             if r.eos_token_id is not None and not p.ignore_eos:
                 stop_ids.append(r.eos_token_id)
-            stop_ids = [t for t in stop_ids if t < logits.shape[1]]
-            if stop_ids:
-                logits[i, stop_ids] = float("-inf")
+            for t in stop_ids:
+                if t < vocab:
+                    rows.append(i)
+                    cols.append(t)
+        return (rows, cols) if rows else ()
+
+    @staticmethod
+    def _ban(logits: torch.Tensor, banned: tuple[list, list]) -> None:
+        """logits[rows, ids] = -inf in one scatter. The indices go through pinned memory: indexing
+        a CUDA tensor with host lists copies them with a blocking copy, which waits for the GPU."""
+        index = torch.tensor(banned, dtype=torch.long)
+        if logits.is_cuda:
+            index = index.pin_memory().to(logits.device, non_blocking=True)
+        logits[index[0], index[1]] = float("-inf")
 
     def _apply_penalties(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         params = [r.sampling_params for r in requests]

@@ -19,6 +19,7 @@ and exits when the server's end of the socket closes, so it never outlives the s
 
 from __future__ import annotations
 
+import gc
 import logging
 import pickle
 import signal
@@ -102,6 +103,11 @@ def main(argv: list[str]) -> int:
         return 1
     info = EngineInfo(engine.model_config.max_model_len, getattr(engine.model_config, "vocab_size", None),
                       getattr(engine, "memory_plan", None), stats_dict(engine.stats()))
+    # Everything built so far (the model, the tokenizer, CUDA graphs) lives as long as the process.
+    # Frozen, the collector stops walking it: under full load its full collections took 1.2 s of
+    # a 16 s W3 run, on the step loop's thread (vLLM's engine core freezes its heap likewise).
+    gc.collect()
+    gc.freeze()
     send(conn, ("ready", info))
     try:
         return serve(engine, conn)

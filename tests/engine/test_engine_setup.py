@@ -157,3 +157,20 @@ def test_transformers_4_rope_config_reads_the_same(tiny_models, tmp_path):
     old = ModelConfig.from_path(path)
     assert (old.rope_theta, old.rope_scaling["rope_type"]) == (new.rope_theta, "llama3") == (500000.0, "llama3")
     assert old.rope_scaling["factor"] == new.rope_scaling["factor"] == 8.0
+
+
+def test_max_num_seqs_defaults_by_gpu_memory(tiny_models, monkeypatch):
+    """1024 seats on a GPU of 70 GiB or more, 256 elsewhere (vLLM's defaults); a given value wins."""
+    from types import SimpleNamespace
+
+    from pagoda.runtime import engine as engine_module
+
+    assert engine_module.default_max_num_seqs(torch.device("cpu")) == 256
+    for gib, want in ((80, 1024), (40, 256)):
+        monkeypatch.setattr(torch.cuda, "get_device_properties",
+                            lambda device, gib=gib: SimpleNamespace(total_memory=gib * 2**30))
+        assert engine_module.default_max_num_seqs(torch.device("cuda", 0)) == want
+    llm = LLM(model=str(tiny_models["llama"]), device="cpu")
+    assert llm.llm_engine.args.max_num_seqs == 256
+    assert llm.llm_engine.scheduler.max_num_seqs == 256
+    assert LLM(model=str(tiny_models["llama"]), device="cpu", max_num_seqs=7).llm_engine.scheduler.max_num_seqs == 7

@@ -14,6 +14,8 @@ from .conftest import make_prompts
 
 
 def test_capture_sizes():
+    # Graphs stop at MAX_CAPTURE_SIZE rows; larger decode batches run eager.
+    assert capture_sizes(1024) == capture_sizes(512) and capture_sizes(1024)[-1] == 512
     assert capture_sizes(1) == [1]
     assert capture_sizes(5) == [1, 2, 4, 5]
     assert capture_sizes(8) == [1, 2, 4, 8]

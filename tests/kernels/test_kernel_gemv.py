@@ -158,6 +158,10 @@ def test_pagoda_gemv_env_disables(monkeypatch):
 
 @pytest.mark.parametrize("rows,want_calls", [(1, 1), (4, 1), (5, 0)])
 def test_ops_route_small_batches_to_gemv(on_gpu, monkeypatch, rows, want_calls):
+    # As if this shape had measured faster than cuBLAS at these row counts.
+    for m in range(1, 6):
+        for act in (None, "silu_mul"):
+            monkeypatch.setitem(gemv_module.FASTER_THAN_CUBLAS, (m, 33, 64, act), GemvConfig(block_k=32, fold=1))
     calls = []
 
     def spy(*args, **kwargs):
@@ -171,3 +175,26 @@ def test_ops_route_small_batches_to_gemv(on_gpu, monkeypatch, rows, want_calls):
     torch.testing.assert_close(ops.silu_and_mul_linear(gate_up, weight, b),
                                gemv_ref(gate_up, weight, b, act="silu_mul"), **tolerance(torch.bfloat16))
     assert calls == [None, "silu_mul"] * want_calls
+
+
+def test_ops_keep_cublas_where_it_measured_faster(on_gpu, monkeypatch):
+    """Only shapes listed in FASTER_THAN_CUBLAS take the GEMV; an unlisted one, or a listed shape at
+    another row count or without its activation, stays on F.linear."""
+    calls = []
+    monkeypatch.setattr(gemv_module, "gemv", lambda *a, **kw: calls.append(kw.get("act")) or gemv(*a, **kw))
+    monkeypatch.setitem(gemv_module.FASTER_THAN_CUBLAS, (1, 33, 64, "silu_mul"), GemvConfig(block_k=32, fold=1))
+    x, weight, _ = linear_inputs(1, 33, 64, torch.bfloat16, bias=False)
+    assert torch.equal(ops.linear(x, weight), F.linear(x, weight))  # (1, 33, 64, None) is not listed
+    gate_up = torch.randn(2, 128).to(torch.bfloat16)
+    assert torch.equal(ops.silu_and_mul_linear(gate_up, weight), F.linear(ops.silu_and_mul(gate_up), weight))
+    assert calls == []
+    ops.silu_and_mul_linear(torch.randn(1, 128).to(torch.bfloat16), weight)
+    assert calls == ["silu_mul"]
+
+
+def test_measured_wins_are_llama_8b_decode_shapes():
+    """The table holds the one-row shapes the H200 sweep measured, with launches that run."""
+    assert set(gemv_module.FASTER_THAN_CUBLAS) == {(1, 6144, 4096, None), (1, 4096, 4096, None),
+                                                   (1, 4096, 14336, "silu_mul")}
+    assert gemv_module.measured_win(1, 6144, 4096, None, torch.device("cpu")) is not None
+    assert gemv_module.measured_win(1, 28672, 4096, None, torch.device("cpu")) is None  # gate_up: cuBLAS
