@@ -30,7 +30,7 @@ import kmock
 import kopf
 import pytest
 import yaml
-from conftest import eventually
+from kopf_harness import eventually
 from serve_process import ServeProcess, free_port, pagoda_serve
 
 from pagoda.operator.autoscaler.timer import SCRAPE_TIMEOUT_SECONDS, register

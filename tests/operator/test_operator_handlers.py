@@ -13,8 +13,8 @@ from pathlib import Path
 
 import kubernetes
 import pytest
-from conftest import eventually, running_operator
 from crd_check import admit
+from kopf_harness import eventually, running_operator
 from test_operator_chart import render
 
 from pagoda.operator.builders.meta import loader_job_name
