@@ -82,7 +82,11 @@ class EngineSpec(Model):
         default=None, ge=16, description="Context length; defaults to the model's."
     )
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="Share of GPU memory to use.")
-    max_num_seqs: int = Field(default=256, ge=1, description="Sequences batched together at most.")
+    max_num_seqs: int | None = Field(
+        default=None, ge=1,
+        description="Sequences batched together at most; unset means the runtime's default "
+        "(1024 on GPUs of 70 GiB or more, else 256).",
+    )
     max_num_batched_tokens: int | None = Field(
         default=None, ge=1, description="Tokens per engine step at most."
     )

@@ -23,11 +23,12 @@ def serve_args(ms: ModelServer, model_path: str) -> list[str]:
         "--port", str(CONTAINER_PORT),
         "--served-model-name", meta.served_name(ms),
         "--gpu-memory-utilization", f"{engine.gpu_memory_utilization:g}",
-        "--max-num-seqs", str(engine.max_num_seqs),
         "--dtype", engine.dtype,
     ]  # fmt: skip
     if engine.max_model_len is not None:
         args += ["--max-model-len", str(engine.max_model_len)]
+    if engine.max_num_seqs is not None:
+        args += ["--max-num-seqs", str(engine.max_num_seqs)]
     if engine.max_num_batched_tokens is not None:
         args += ["--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
     if not engine.enable_prefix_caching:

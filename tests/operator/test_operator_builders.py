@@ -146,6 +146,9 @@ def test_engine_args_and_secrets():
     assert key["valueFrom"]["secretKeyRef"] == {"name": "llama-api-key", "key": "api-key"}
     tp = _container(build_deployment(modelserver("pvc-uri"), CONFIG))["args"]
     assert "--no-enable-prefix-caching" in tp and tp[tp.index("--tensor-parallel-size") + 1] == "2"
+    # Seats: as the spec says, else the runtime's default for its GPU (no flag at all).
+    assert pairs["--max-num-seqs"] == str(ms.spec.engine.max_num_seqs) == "256"
+    assert "--max-num-seqs" not in tp and modelserver("pvc-uri").spec.engine.max_num_seqs is None
 
 
 def test_cache_layout_per_uri_kind():
