@@ -303,9 +303,7 @@ def default_max_num_seqs(device: torch.device) -> int:
     """Seats when the user gives none, as vLLM picks them: 1024 on a GPU of 70 GiB or more, else 256.
     A big GPU's KV pool holds far more than 256 sequences of chat length; with only 256 seats, a
     queue longer than that admits one prompt per finished request, so nearly every step mixes a
-    small prefill into the decode batch and the decode batch never grows past 256. CUDA graphs
-    stop at 512 rows (cuda_graphs.MAX_CAPTURE_SIZE): larger decode batches run eager, where the
-    launch cost is small against the step."""
+    small prefill into the decode batch and the decode batch never grows past 256."""
     return 1024 if _big_gpu(device) else 256
 
 

@@ -14,8 +14,11 @@ from .conftest import make_prompts
 
 
 def test_capture_sizes():
-    # Graphs stop at MAX_CAPTURE_SIZE rows; larger decode batches run eager.
-    assert capture_sizes(1024) == capture_sizes(512) and capture_sizes(1024)[-1] == 512
+    # Past 512 rows the buckets widen to 16, up to max_num_seqs itself.
+    wide = capture_sizes(1024)
+    assert wide[: len(capture_sizes(512))] == capture_sizes(512) and wide[-1] == 1024
+    assert wide[len(capture_sizes(512)):] == list(range(528, 1025, 16))
+    assert capture_sizes(530)[-2:] == [528, 530]
     assert capture_sizes(1) == [1]
     assert capture_sizes(5) == [1, 2, 4, 5]
     assert capture_sizes(8) == [1, 2, 4, 8]
