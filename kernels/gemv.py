@@ -46,10 +46,6 @@ class GemvConfig:
     fold: int = 8
 
 
-# Measured winners by (M, N, K), from e2e/gemv_gpu_bench.py (it prints this table's entries).
-# Shapes not listed fall back to the heuristic below.
-TUNED: dict[tuple[int, int, int], GemvConfig] = {}
-
 # Where this GEMV beat cuBLAS on the H200 (e2e/results/gemv-e34d2a9/), keyed by (rows, N, K, act),
 # with the launch that won, weights cold in L2 as in a real step. The runtime takes the GEMV for
 # these only: cuBLAS was faster at 4 rows for every Llama-8B shape, and at one row for gate_up
@@ -67,17 +63,20 @@ FASTER_THAN_CUBLAS: dict[tuple[int, int, int, str | None], GemvConfig] = {
 def measured_win(rows: int, n: int, k: int, act: str | None, device: torch.device) -> GemvConfig | None:
     """The launch for a shape where the GEMV measured faster than cuBLAS, or None. The table was
     measured on Hopper (sm_90); the interpreter (a CPU device) sees it too, for the tests."""
-    if device.type == "cuda" and torch.cuda.get_device_capability(device) != (9, 0):
+    if device.type == "cuda" and not _is_hopper(device):
         return None
     return FASTER_THAN_CUBLAS.get((rows, n, k, act))
 
 
+@functools.cache
+def _is_hopper(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device) == (9, 0)
+
+
 @functools.lru_cache(maxsize=256)
 def gemv_config(m: int, n: int, k: int, num_sms: int = 132) -> GemvConfig:
-    """Launch knobs for y[m, n] = x[m, k] @ W[n, k]^T (2-byte weights): the tuned entry, else a
-    heuristic."""
-    if (m, n, k) in TUNED:
-        return TUNED[m, n, k]
+    """Default launch knobs for y[m, n] = x[m, k] @ W[n, k]^T (2-byte weights), a heuristic; the
+    runtime passes the measured launch of FASTER_THAN_CUBLAS instead."""
     num_warps = 4
     block_k = min(1024, max(16, triton.next_power_of_2(k)))  # long contiguous reads per row
     tile = LOAD_BYTES_PER_THREAD * 32 * num_warps // 2  # weights per program and step

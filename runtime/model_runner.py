@@ -28,7 +28,7 @@ from pagoda.runtime.kv.kv_cache_manager import KVCacheManager
 from pagoda.runtime.model_config import ModelConfig
 from pagoda.runtime.model_loader import TORCH_DTYPES, load_model
 from pagoda.runtime.request import Request
-from pagoda.runtime.sampler import Sampler, TokenLogprobs, gather_logprobs
+from pagoda.runtime.sampler import Sampler, TokenLogprobs, gather_logprobs, index_on
 from pagoda.runtime.scheduler import SchedulerOutput
 
 logger = logging.getLogger(__name__)
@@ -232,13 +232,9 @@ class ModelRunner:
             self.buffers.input_ids[:n].copy_(src[:n])
         else:  # some requests finished in the previous step
             rows = {id(r): i for i, r in enumerate(previous.requests)}
-            index = torch.tensor([rows[id(r)] for r in requests])
-            if src.is_cuda:
-                # A blocking host-to-device copy would wait for the step in flight, which is the
-                # very wait that scheduling ahead removes: go through pinned memory, which the
-                # caching host allocator keeps until the copy has run.
-                index = index.pin_memory().to(src.device, non_blocking=True)
-            self.buffers.input_ids[:n].copy_(src[index])
+            # Not a blocking copy: that would wait for the step in flight, the very wait that
+            # scheduling ahead removes.
+            self.buffers.input_ids[:n].copy_(src[index_on(src.device, [rows[id(r)] for r in requests])])
 
     def forward_eager(
         self, num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int, num_decode_seqs: int = 0

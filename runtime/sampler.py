@@ -55,6 +55,17 @@ def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: list[int
     return out
 
 
+def index_on(device: torch.device, values: list) -> torch.Tensor:
+    """An int64 index tensor on `device` from host lists, without waiting for the GPU. A plain
+    `torch.tensor(values, device=cuda)` (or indexing a CUDA tensor with a list) is a blocking copy,
+    which waits for every step in flight; pinned memory, which the caching host allocator keeps
+    until the copy has run, lets it queue behind them instead."""
+    index = torch.tensor(values, dtype=torch.long)
+    if device.type == "cuda":
+        index = index.pin_memory().to(device, non_blocking=True)
+    return index
+
+
 def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
     """torch.argmax over the last dim (first index on ties), fast for a few rows.
 
@@ -134,11 +145,8 @@ class Sampler:
 
     @staticmethod
     def _ban(logits: torch.Tensor, banned: tuple[list, list]) -> None:
-        """logits[rows, ids] = -inf in one scatter. The indices go through pinned memory: indexing
-        a CUDA tensor with host lists copies them with a blocking copy, which waits for the GPU."""
-        index = torch.tensor(banned, dtype=torch.long)
-        if logits.is_cuda:
-            index = index.pin_memory().to(logits.device, non_blocking=True)
+        """logits[rows, ids] = -inf in one scatter."""
+        index = index_on(logits.device, banned)
         logits[index[0], index[1]] = float("-inf")
 
     def _apply_penalties(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
