@@ -118,6 +118,50 @@ def sweep_decode(device, block_size: int) -> list[dict]:
     return sorted(results, key=lambda r: -r["worst_tb_per_s"])
 
 
+def sweep_decode_variants(device, block_size: int, top: int = 4) -> list[dict]:
+    """The fused merge and the table prefetch against the plain kernel, with the tile knobs and the
+    split count, at the grid's small corner (batch 64, 512 tokens), where launch and tail cost
+    weigh most. The best few then run on the whole grid, since a launch rule serves all of it."""
+    corner = decode_args(64, 512, block_size, device)
+    knob_sets = [(32, 2, 2), (32, 4, 2), (16, 2, 2), (32, 1, 2), (64, 4, 2), (64, 2, 3), (64, 4, 3), (16, 1, 3)]
+    split_sets = [(1, False), (2, False), (2, True), (3, True), (4, True), (6, True)]
+    trials = []
+    for (block_n, warps, stages), prefetch, (splits, fused) in itertools.product(
+        knob_sets, (False, True), split_sets
+    ):
+        launch = dict(block_n=block_n, num_warps=warps, num_stages=stages, num_splits=splits,
+                      fused_merge=fused, prefetch_table=prefetch)
+        try:
+            p = decode_point(64, 512, block_size, device, corner, **launch)
+        except Exception as exc:  # e.g. out of shared memory for this tile
+            print(f"  variant {launch}: skipped ({type(exc).__name__})")
+            continue
+        trials.append(dict(launch=launch, corner=p))
+        print(f"  variant {launch}: {p['achieved_tb_per_s']:.3f} TB/s ({p['ms'] * 1e3:.1f} us)", flush=True)
+    del corner
+    torch.cuda.empty_cache()
+    trials.sort(key=lambda t: -t["corner"]["achieved_tb_per_s"])
+    # On the grid the split count comes from the launch rule, so only the rest of the launch is kept.
+    seen, grid_runs = set(), []
+    for t in trials:
+        launch = {k: v for k, v in t["launch"].items() if k != "num_splits"}
+        key = tuple(sorted(launch.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        points = []
+        for batch, context in itertools.product((64, 128, 256), (512, 1024, 2048, 4096, 8192)):
+            points.append(decode_point(batch, context, block_size, device, **launch))
+            torch.cuda.empty_cache()
+        worst = min(p["achieved_tb_per_s"] for p in points)
+        grid_runs.append(dict(launch=launch, worst_tb_per_s=worst, points=points))
+        print(f"  grid {launch}: worst {worst:.3f} TB/s "
+              + " ".join(f"{p['achieved_tb_per_s']:.2f}" for p in points), flush=True)
+        if len(grid_runs) == top:
+            break
+    return [dict(corner_trials=trials, grid_runs=grid_runs)]
+
+
 def prefill_point(q_lens, seq_lens, block_size, device, args=None, **launch) -> dict:
     args = args or paged_batch(
         q_lens, seq_lens, KV_HEADS, HEADS // KV_HEADS, HEAD_DIM, block_size, BF16, device, poison=False
