@@ -37,6 +37,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="a 2x2 corner of the decode grid only")
     p.add_argument("--sweep", action="store_true", help="also sweep the decode and prefill launch knobs")
     p.add_argument("--skip-bench", action="store_true", help="correctness only")
+    p.add_argument("--decode-rules", action="store_true",
+                   help="only the decode launch-rule comparison (after the checks), into paged_attention_decode-rules")
     p.add_argument("--decode-variants", action="store_true",
                    help="only the decode launch-variant sweep (after the checks), into paged_attention_decode-variants")
     p.add_argument("--skip-check", action="store_true", help="benchmarks only (not for published figures)")
@@ -110,6 +112,11 @@ def main(argv=None) -> int:
     if args.skip_bench:
         return 0
 
+    if args.decode_rules:
+        body = bench.sweep_decode_rules(device, args.block_size)
+        written.append(write_result(args.out, "paged_attention_decode-rules", meta, body))
+        print("\nresults: " + ", ".join(str(p) for p in written))
+        return 0
     if args.decode_variants:
         body = dict(sweep=bench.sweep_decode_variants(device, args.block_size))
         written.append(write_result(args.out, "paged_attention_decode-variants", meta, body))

@@ -4,6 +4,7 @@ medians of the public entry points, launched as the runtime launches them (with 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from kernels_gpu_cases import paged_batch, rope_cache
 from triton.testing import do_bench, do_bench_cudagraph
 
+import pagoda.kernels.paged_attention_decode as decode_module
 from pagoda.kernels.activation import silu_and_mul
 from pagoda.kernels.kv_cache import write_kv_cache
 from pagoda.kernels.norm import rms_norm
@@ -160,6 +162,64 @@ def sweep_decode_variants(device, block_size: int, top: int = 4) -> list[dict]:
         if len(grid_runs) == top:
             break
     return [dict(corner_trials=trials, grid_runs=grid_runs)]
+
+
+@contextlib.contextmanager
+def decode_rule(**constants):
+    """Swap the decode launch rule's module constants for one measurement."""
+    saved = {k: getattr(decode_module, k) for k in constants}
+    for k, v in constants.items():
+        setattr(decode_module, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(decode_module, k, v)
+
+
+DECODE_RULES = {
+    "thin tiles, 256-token slices (c928b0e)": dict(MIN_TOKENS_PER_SPLIT=256, FAT_TILE_BELOW=0, FUSED_MERGE=False),
+    "fat tile under 6 programs/SM, 512-token slices": dict(MIN_TOKENS_PER_SPLIT=512, FAT_TILE_BELOW=6,
+                                                            FUSED_MERGE=False),
+    "the same, fused merge": dict(MIN_TOKENS_PER_SPLIT=512, FAT_TILE_BELOW=6, FUSED_MERGE=True),
+}
+
+
+def sweep_decode_rules(device, block_size: int) -> dict:
+    """Whole launch rules on the whole grid, in one run, then single-split tiles against two slices at
+    batch 64 for 1k and 2k tokens (the next-smallest points), and repeats of the corner."""
+    rules = []
+    for name, constants in DECODE_RULES.items():
+        with decode_rule(**constants):
+            points = []
+            for batch, context in itertools.product((64, 128, 256), (512, 1024, 2048, 4096, 8192)):
+                points.append(decode_point(batch, context, block_size, device))
+                torch.cuda.empty_cache()
+        worst = min(p["achieved_tb_per_s"] for p in points)
+        rules.append(dict(rule=name, constants=constants, worst_tb_per_s=worst, points=points))
+        print(f"  rule {name}: worst {worst:.3f} TB/s "
+              + " ".join(f"{p['achieved_tb_per_s']:.2f}" for p in points), flush=True)
+    explore = []
+    for context in (1024, 2048):
+        args = decode_args(64, context, block_size, device)
+        launches = [dict(num_splits=1, block_n=n, num_warps=w, num_stages=st)
+                    for n, w, st in ((64, 2, 3), (64, 4, 3), (128, 4, 3), (64, 2, 4), (64, 4, 4), (128, 8, 3))]
+        launches += [dict(num_splits=2, fused_merge=f) for f in (False, True)]
+        launches += [dict(num_splits=2, block_n=64, num_warps=2, num_stages=3, fused_merge=True)]
+        for launch in launches:
+            try:
+                p = decode_point(64, context, block_size, device, args, **launch)
+            except Exception as exc:  # e.g. out of shared memory for this tile
+                print(f"  batch 64 ctx {context} {launch}: skipped ({type(exc).__name__})")
+                continue
+            explore.append(p)
+            print(f"  batch 64 ctx {context} {launch}: {p['achieved_tb_per_s']:.3f} TB/s", flush=True)
+        del args
+        torch.cuda.empty_cache()
+    corner = decode_args(64, 512, block_size, device)
+    repeats = [decode_point(64, 512, block_size, device, corner)["achieved_tb_per_s"] for _ in range(5)]
+    print(f"  corner repeats (default rule): {repeats}", flush=True)
+    return dict(rules=rules, batch64_explore=explore, corner_repeats=repeats)
 
 
 def prefill_point(q_lens, seq_lens, block_size, device, args=None, **launch) -> dict:

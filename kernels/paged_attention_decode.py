@@ -28,7 +28,12 @@ from pagoda.kernels.attention_dot import _dot, dot_precision
 BLOCK_N = 32
 NUM_WARPS = 2
 NUM_STAGES = 2
-MIN_TOKENS_PER_SPLIT = 256  # below this a slice costs more in merging than it gains in parallelism
+# With fewer than FAT_TILE_BELOW programs per SM and no split, each program must keep more bytes in
+# flight by itself: 64-position tiles, three stages deep (--decode-variants at 1d42fe5: batch 64,
+# 512 tokens went from 39.9 to 35.9 us; with 8 programs per SM the thin tile stays ahead).
+FAT_TILE = (64, 2, 3)  # block_n, num_warps, num_stages
+FAT_TILE_BELOW = 6
+MIN_TOKENS_PER_SPLIT = 512  # below this a slice costs more in merging than it gains in parallelism
 MAX_SPLITS = 32
 PROGRAMS_PER_SM = 4  # resident decode programs per SM we aim to keep busy
 FUSED_MERGE = False  # the last slice to finish merges, in place of a second kernel
@@ -195,6 +200,15 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, device
     return max(1, min(wanted, by_length, MAX_SPLITS))
 
 
+def choose_tile(num_programs: int, num_splits: int, element_size: int, device: torch.device) -> tuple:
+    """(block_n, num_warps, num_stages) for a launch of num_programs programs."""
+    if element_size > 2:  # fp32 caches take half the tile to fit shared memory
+        return 32, NUM_WARPS, 2
+    if num_splits == 1 and num_programs < FAT_TILE_BELOW * _num_sms(device):
+        return FAT_TILE
+    return BLOCK_N, NUM_WARPS, NUM_STAGES
+
+
 def paged_attention_decode(
     query: torch.Tensor,  # [num_tokens, num_heads, head_dim]; one row per sequence (decode)
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -234,7 +248,8 @@ def paged_attention_decode(
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, query.device)
     block_g = max(16, triton.next_power_of_2(group))  # tl.dot wants M >= 16
     block_d = max(16, triton.next_power_of_2(head_dim))
-    two_byte = k_cache.element_size() <= 2  # fp32 caches take half the tile to fit shared memory
+    default_n, default_warps, default_stages = choose_tile(
+        num_seqs * num_kv_heads * num_splits, num_splits, k_cache.element_size(), query.device)
     if num_splits > 1:
         part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32,
                                device=query.device)
@@ -251,10 +266,10 @@ def paged_attention_decode(
         query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         NUM_SPLITS=num_splits, GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_SIZE=block_size, BLOCK_N=block_n or (BLOCK_N if two_byte else 32),
+        BLOCK_SIZE=block_size, BLOCK_N=block_n or default_n,
         PRECISION=dot_precision(query), FUSED_MERGE=fused_merge,
         PREFETCH_TABLE=PREFETCH_TABLE if prefetch_table is None else prefetch_table,
-        num_warps=num_warps or NUM_WARPS, num_stages=num_stages or (NUM_STAGES if two_byte else 2),
+        num_warps=num_warps or default_warps, num_stages=num_stages or default_stages,
     )
     if num_splits > 1 and not fused_merge:
         _merge_kernel[(num_seqs, num_heads)](
