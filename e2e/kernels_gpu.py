@@ -39,8 +39,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--skip-bench", action="store_true", help="correctness only")
     p.add_argument("--decode-rules", action="store_true",
                    help="only the decode launch-rule comparison (after the checks), into paged_attention_decode-rules")
-    p.add_argument("--decode-variants", action="store_true",
-                   help="only the decode launch-variant sweep (after the checks), into paged_attention_decode-variants")
     p.add_argument("--skip-check", action="store_true", help="benchmarks only (not for published figures)")
     return p.parse_args(argv)
 
@@ -115,11 +113,6 @@ def main(argv=None) -> int:
     if args.decode_rules:
         body = bench.sweep_decode_rules(device, args.block_size)
         written.append(write_result(args.out, "paged_attention_decode-rules", meta, body))
-        print("\nresults: " + ", ".join(str(p) for p in written))
-        return 0
-    if args.decode_variants:
-        body = dict(sweep=bench.sweep_decode_variants(device, args.block_size))
-        written.append(write_result(args.out, "paged_attention_decode-variants", meta, body))
         print("\nresults: " + ", ".join(str(p) for p in written))
         return 0
 

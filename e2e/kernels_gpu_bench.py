@@ -120,50 +120,6 @@ def sweep_decode(device, block_size: int) -> list[dict]:
     return sorted(results, key=lambda r: -r["worst_tb_per_s"])
 
 
-def sweep_decode_variants(device, block_size: int, top: int = 4) -> list[dict]:
-    """The fused merge and the table prefetch against the plain kernel, with the tile knobs and the
-    split count, at the grid's small corner (batch 64, 512 tokens), where launch and tail cost
-    weigh most. The best few then run on the whole grid, since a launch rule serves all of it."""
-    corner = decode_args(64, 512, block_size, device)
-    knob_sets = [(32, 2, 2), (32, 4, 2), (16, 2, 2), (32, 1, 2), (64, 4, 2), (64, 2, 3), (64, 4, 3), (16, 1, 3)]
-    split_sets = [(1, False), (2, False), (2, True), (3, True), (4, True), (6, True)]
-    trials = []
-    for (block_n, warps, stages), prefetch, (splits, fused) in itertools.product(
-        knob_sets, (False, True), split_sets
-    ):
-        launch = dict(block_n=block_n, num_warps=warps, num_stages=stages, num_splits=splits,
-                      fused_merge=fused, prefetch_table=prefetch)
-        try:
-            p = decode_point(64, 512, block_size, device, corner, **launch)
-        except Exception as exc:  # e.g. out of shared memory for this tile
-            print(f"  variant {launch}: skipped ({type(exc).__name__})")
-            continue
-        trials.append(dict(launch=launch, corner=p))
-        print(f"  variant {launch}: {p['achieved_tb_per_s']:.3f} TB/s ({p['ms'] * 1e3:.1f} us)", flush=True)
-    del corner
-    torch.cuda.empty_cache()
-    trials.sort(key=lambda t: -t["corner"]["achieved_tb_per_s"])
-    # On the grid the split count comes from the launch rule, so only the rest of the launch is kept.
-    seen, grid_runs = set(), []
-    for t in trials:
-        launch = {k: v for k, v in t["launch"].items() if k != "num_splits"}
-        key = tuple(sorted(launch.items()))
-        if key in seen:
-            continue
-        seen.add(key)
-        points = []
-        for batch, context in itertools.product((64, 128, 256), (512, 1024, 2048, 4096, 8192)):
-            points.append(decode_point(batch, context, block_size, device, **launch))
-            torch.cuda.empty_cache()
-        worst = min(p["achieved_tb_per_s"] for p in points)
-        grid_runs.append(dict(launch=launch, worst_tb_per_s=worst, points=points))
-        print(f"  grid {launch}: worst {worst:.3f} TB/s "
-              + " ".join(f"{p['achieved_tb_per_s']:.2f}" for p in points), flush=True)
-        if len(grid_runs) == top:
-            break
-    return [dict(corner_trials=trials, grid_runs=grid_runs)]
-
-
 @contextlib.contextmanager
 def decode_rule(**constants):
     """Swap the decode launch rule's module constants for one measurement."""
@@ -178,48 +134,43 @@ def decode_rule(**constants):
 
 
 DECODE_RULES = {
-    "thin tiles, 256-token slices (c928b0e)": dict(MIN_TOKENS_PER_SPLIT=256, FAT_TILE_BELOW=0, FUSED_MERGE=False),
-    "fat tile under 6 programs/SM, 512-token slices": dict(MIN_TOKENS_PER_SPLIT=512, FAT_TILE_BELOW=6,
-                                                            FUSED_MERGE=False),
-    "the same, fused merge": dict(MIN_TOKENS_PER_SPLIT=512, FAT_TILE_BELOW=6, FUSED_MERGE=True),
+    "before: 256-token slices, 4 programs/SM, thin tile": dict(
+        MIN_TOKENS_PER_SPLIT=256, PROGRAMS_PER_SM=4, FAT_TILE_BELOW=0, FAT_TILE_SPLIT_TOO=False),
+    "3 programs/SM, fat tile for one split": dict(
+        MIN_TOKENS_PER_SPLIT=256, PROGRAMS_PER_SM=3, FAT_TILE_BELOW=6, FAT_TILE_SPLIT_TOO=False),
+    "3 programs/SM, fat tile for any split count": dict(
+        MIN_TOKENS_PER_SPLIT=256, PROGRAMS_PER_SM=3, FAT_TILE_BELOW=6, FAT_TILE_SPLIT_TOO=True),
+    "512-token slices, 3 programs/SM, fat tile for any split count": dict(
+        MIN_TOKENS_PER_SPLIT=512, PROGRAMS_PER_SM=3, FAT_TILE_BELOW=6, FAT_TILE_SPLIT_TOO=True),
 }
 
 
 def sweep_decode_rules(device, block_size: int) -> dict:
-    """Whole launch rules on the whole grid, in one run, then single-split tiles against two slices at
-    batch 64 for 1k and 2k tokens (the next-smallest points), and repeats of the corner."""
+    """Whole launch rules in one run: on the grid of BENCHMARKS.md (batch 64-256), and on the small
+    batches the engine also runs (1-48), where the split count decides. Then repeats of the corner."""
+    shapes = list(itertools.product((64, 128, 256), (512, 1024, 2048, 4096, 8192)))
+    shapes += list(itertools.product((1, 8, 16, 32, 48), (512, 2048, 8192)))
+    inputs = {}
     rules = []
     for name, constants in DECODE_RULES.items():
+        points = []
         with decode_rule(**constants):
-            points = []
-            for batch, context in itertools.product((64, 128, 256), (512, 1024, 2048, 4096, 8192)):
-                points.append(decode_point(batch, context, block_size, device))
-                torch.cuda.empty_cache()
-        worst = min(p["achieved_tb_per_s"] for p in points)
-        rules.append(dict(rule=name, constants=constants, worst_tb_per_s=worst, points=points))
-        print(f"  rule {name}: worst {worst:.3f} TB/s "
-              + " ".join(f"{p['achieved_tb_per_s']:.2f}" for p in points), flush=True)
-    explore = []
-    for context in (1024, 2048):
-        args = decode_args(64, context, block_size, device)
-        launches = [dict(num_splits=1, block_n=n, num_warps=w, num_stages=st)
-                    for n, w, st in ((64, 2, 3), (64, 4, 3), (128, 4, 3), (64, 2, 4), (64, 4, 4), (128, 8, 3))]
-        launches += [dict(num_splits=2, fused_merge=f) for f in (False, True)]
-        launches += [dict(num_splits=2, block_n=64, num_warps=2, num_stages=3, fused_merge=True)]
-        for launch in launches:
-            try:
-                p = decode_point(64, context, block_size, device, args, **launch)
-            except Exception as exc:  # e.g. out of shared memory for this tile
-                print(f"  batch 64 ctx {context} {launch}: skipped ({type(exc).__name__})")
-                continue
-            explore.append(p)
-            print(f"  batch 64 ctx {context} {launch}: {p['achieved_tb_per_s']:.3f} TB/s", flush=True)
-        del args
-        torch.cuda.empty_cache()
+            for batch, context in shapes:
+                if (batch, context) not in inputs and batch * context <= 64 * 8192:
+                    inputs[batch, context] = decode_args(batch, context, block_size, device)
+                points.append(decode_point(batch, context, block_size, device, inputs.get((batch, context))))
+        grid = [p for p in points if p["batch"] >= 64]
+        worst = min(p["achieved_tb_per_s"] for p in grid)
+        rules.append(dict(rule=name, constants=constants, worst_grid_tb_per_s=worst, points=points))
+        print(f"  rule {name}: grid worst {worst:.3f}; "
+              + " ".join(f"{p['batch']}/{p['context']}:{p['achieved_tb_per_s']:.2f}(s{p['num_splits']})"
+                         for p in points), flush=True)
+    del inputs
+    torch.cuda.empty_cache()
     corner = decode_args(64, 512, block_size, device)
     repeats = [decode_point(64, 512, block_size, device, corner)["achieved_tb_per_s"] for _ in range(5)]
     print(f"  corner repeats (default rule): {repeats}", flush=True)
-    return dict(rules=rules, batch64_explore=explore, corner_repeats=repeats)
+    return dict(rules=rules, corner_repeats=repeats)
 
 
 def prefill_point(q_lens, seq_lens, block_size, device, args=None, **launch) -> dict:

@@ -36,19 +36,18 @@ FAT_TILE_BELOW = 6
 MIN_TOKENS_PER_SPLIT = 512  # below this a slice costs more in merging than it gains in parallelism
 MAX_SPLITS = 32
 PROGRAMS_PER_SM = 4  # resident decode programs per SM we aim to keep busy
-FUSED_MERGE = False  # the last slice to finish merges, in place of a second kernel
-PREFETCH_TABLE = False  # load the next tile's block numbers one iteration ahead
+FAT_TILE_SPLIT_TOO = False  # experiment knob (e2e --decode-rules): the fat tile for split launches as well
 
 
 @triton.jit
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-    out_ptr, part_out_ptr, part_lse_ptr, arrivals_ptr,
+    out_ptr, part_out_ptr, part_lse_ptr,
     scale_log2,
     stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh,
     NUM_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr, FUSED_MERGE: tl.constexpr, PREFETCH_TABLE: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -73,21 +72,11 @@ def _decode_kernel(
         denom = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
         table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-        if PREFETCH_TABLE:
-            pos = start + tl.arange(0, BLOCK_N)
-            block = tl.load(table + pos // BLOCK_SIZE, mask=pos < end, other=0).to(tl.int64)
         for n0 in range(start, end, BLOCK_N):
             pos = n0 + tl.arange(0, BLOCK_N)
             pmask = pos < end
-            if PREFETCH_TABLE:
-                # the next tile's block numbers load now, so the table read is off the K/V
-                # load's critical path in the next iteration
-                row = block * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
-                nxt = pos + BLOCK_N
-                block = tl.load(table + nxt // BLOCK_SIZE, mask=nxt < end, other=0).to(tl.int64)
-            else:
-                block = tl.load(table + pos // BLOCK_SIZE, mask=pmask, other=0).to(tl.int64)
-                row = block * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
+            block = tl.load(table + pos // BLOCK_SIZE, mask=pmask, other=0).to(tl.int64)
+            row = block * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
             kv_mask = pmask[:, None] & dmask[None, :]
             k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
             s = _dot(q, tl.trans(k), PRECISION) * scale_log2
@@ -112,37 +101,6 @@ def _decode_kernel(
                      acc / tl.where(denom == 0.0, 1.0, denom)[:, None], mask=omask)
             lse = tl.where(denom == 0.0, float("-inf"), m + tl.log2(tl.where(denom == 0.0, 1.0, denom)))
             tl.store(part_lse_ptr + part, lse, mask=gmask)
-            if FUSED_MERGE:
-                # The last slice of this (sequence, KV head) to finish merges all of them, which
-                # saves a second launch. The barrier orders every thread's partial stores before
-                # the release of the arrival count; the acquire makes the other slices' partials
-                # visible to the last one. It resets the count, so the next launch (or graph
-                # replay) starts from zero with no memset.
-                tl.debug_barrier()
-                counter = arrivals_ptr + seq * tl.num_programs(1) + kv_head
-                arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-                if arrived == NUM_SPLITS - 1:
-                    tl.store(counter, 0)
-                    first = (seq.to(tl.int64) * GROUP * tl.num_programs(1) + heads) * NUM_SPLITS
-                    m_all = tl.full([BLOCK_G], float("-inf"), tl.float32)
-                    for sp in range(NUM_SPLITS):
-                        lse_sp = tl.load(part_lse_ptr + first + sp, mask=gmask, other=float("-inf"),
-                                         cache_modifier=".cg")
-                        m_all = tl.maximum(m_all, lse_sp)
-                    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)  # empty slices weigh 0
-                    total = tl.zeros([BLOCK_G], tl.float32)
-                    merged = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-                    for sp in range(NUM_SPLITS):
-                        lse_sp = tl.load(part_lse_ptr + first + sp, mask=gmask, other=float("-inf"),
-                                         cache_modifier=".cg")
-                        w = tl.exp2(lse_sp - m_safe)
-                        o = tl.load(part_out_ptr + (first + sp)[:, None] * HEAD_DIM + d[None, :],
-                                    mask=omask, other=0.0, cache_modifier=".cg")
-                        total += w
-                        merged += w[:, None] * o
-                    out = merged / tl.where(total == 0.0, 1.0, total)[:, None]
-                    tl.store(out_ptr + q_row.to(tl.int64) * stride_ot + heads[:, None] * stride_oh
-                             + d[None, :], out.to(out_ptr.dtype.element_ty), mask=omask)
 
 
 @triton.jit
@@ -169,22 +127,6 @@ def _merge_kernel(
                  out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
-_arrivals: dict[torch.device, torch.Tensor] = {}
-
-
-def _arrival_counts(n: int, device: torch.device) -> torch.Tensor:
-    """Zeroed int32 counters for the fused merge, one per (sequence, KV head), kept across launches:
-    each launch leaves them at zero again. They grow outside graph capture only (the runner warms
-    every batch size up before capturing it)."""
-    counts = _arrivals.get(device)
-    if counts is None or counts.numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("paged_attention_decode: warm this batch size up before capturing it")
-        counts = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _arrivals[device] = counts
-    return counts
-
-
 @functools.cache
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
@@ -204,7 +146,7 @@ def choose_tile(num_programs: int, num_splits: int, element_size: int, device: t
     """(block_n, num_warps, num_stages) for a launch of num_programs programs."""
     if element_size > 2:  # fp32 caches take half the tile to fit shared memory
         return 32, NUM_WARPS, 2
-    if num_splits == 1 and num_programs < FAT_TILE_BELOW * _num_sms(device):
+    if (num_splits == 1 or FAT_TILE_SPLIT_TOO) and num_programs < FAT_TILE_BELOW * _num_sms(device):
         return FAT_TILE
     return BLOCK_N, NUM_WARPS, NUM_STAGES
 
@@ -223,8 +165,6 @@ def paged_attention_decode(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    fused_merge: bool | None = None,
-    prefetch_table: bool | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Every sequence must have at most one query row (q_len 0 rows are skipped).
@@ -256,22 +196,18 @@ def paged_attention_decode(
         part_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=query.device)
     else:
         part_out = part_lse = out  # unused
-    fused_merge = FUSED_MERGE if fused_merge is None else fused_merge
-    fused_merge = fused_merge and num_splits > 1
-    arrivals = _arrival_counts(num_seqs * num_kv_heads, query.device) if fused_merge else seq_lens
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-        out, part_out, part_lse, arrivals,
+        out, part_out, part_lse,
         scale * math.log2(math.e),
         query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         NUM_SPLITS=num_splits, GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=block_size, BLOCK_N=block_n or default_n,
-        PRECISION=dot_precision(query), FUSED_MERGE=fused_merge,
-        PREFETCH_TABLE=PREFETCH_TABLE if prefetch_table is None else prefetch_table,
+        PRECISION=dot_precision(query),
         num_warps=num_warps or default_warps, num_stages=num_stages or default_stages,
     )
-    if num_splits > 1 and not fused_merge:
+    if num_splits > 1:
         _merge_kernel[(num_seqs, num_heads)](
             part_out, part_lse, query_start_loc, out, out.stride(0), out.stride(1),
             NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),

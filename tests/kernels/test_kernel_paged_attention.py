@@ -33,32 +33,15 @@ DECODE_CASES = [
 ]
 
 
-# (fused merge, table prefetch): the launch variants, each on every case
-VARIANTS = [(False, False), (True, False), (False, True), (True, True)]
-
-
-@pytest.mark.parametrize("fused_merge,prefetch_table", VARIANTS, ids=["plain", "fused", "prefetch", "both"])
 @pytest.mark.parametrize("group,head_dim,dtype,block_size,seq_lens,num_splits", DECODE_CASES)
-def test_decode(group, head_dim, dtype, block_size, seq_lens, num_splits, fused_merge, prefetch_table):
+def test_decode(group, head_dim, dtype, block_size, seq_lens, num_splits):
     args = paged_inputs([1] * len(seq_lens), seq_lens, 2, group, head_dim, block_size, dtype)
     scale = head_dim**-0.5
     out = torch.full_like(args[0], float("nan"))
     got = paged_attention_decode(*args, scale, max_seq_len=max(seq_lens), num_splits=num_splits,
-                                 block_n=16 if num_splits == 5 else None, fused_merge=fused_merge,
-                                 prefetch_table=prefetch_table, out=out)
+                                 block_n=16 if num_splits == 5 else None, out=out)
     assert got is out
     check(got, *args, scale)
-
-
-def test_fused_merge_leaves_its_arrival_counts_at_zero():
-    """A captured graph replays the launch with no memset, so every launch must reset what it counts."""
-    from pagoda.kernels.paged_attention_decode import _arrival_counts
-
-    args = paged_inputs([1, 1, 1], [40, 7, 90], 2, 4, 64, 16, F32)
-    for _ in range(2):  # the second launch would merge early if the first left counts behind
-        got = paged_attention_decode(*args, 0.125, max_seq_len=90, num_splits=3, fused_merge=True)
-        check(got, *args, 0.125)
-    assert not _arrival_counts(6, torch.device("cpu"))[:6].any()
 
 
 def test_decode_split_choice_is_host_only_and_bounded():
