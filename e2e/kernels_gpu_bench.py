@@ -133,15 +133,9 @@ def decode_rule(**constants):
             setattr(decode_module, k, v)
 
 
-DECODE_RULES = {
-    "before: 256-token slices, 4 programs/SM, thin tile": dict(
-        MIN_TOKENS_PER_SPLIT=256, PROGRAMS_PER_SM=4, FAT_TILE_BELOW=0, FAT_TILE_SPLIT_TOO=False),
-    "3 programs/SM, fat tile for one split": dict(
-        MIN_TOKENS_PER_SPLIT=256, PROGRAMS_PER_SM=3, FAT_TILE_BELOW=6, FAT_TILE_SPLIT_TOO=False),
-    "3 programs/SM, fat tile for any split count": dict(
-        MIN_TOKENS_PER_SPLIT=256, PROGRAMS_PER_SM=3, FAT_TILE_BELOW=6, FAT_TILE_SPLIT_TOO=True),
-    "512-token slices, 3 programs/SM, fat tile for any split count": dict(
-        MIN_TOKENS_PER_SPLIT=512, PROGRAMS_PER_SM=3, FAT_TILE_BELOW=6, FAT_TILE_SPLIT_TOO=True),
+DECODE_RULES = {  # the rule before 080f2dd, against the module's own (the runtime's)
+    "before: 4 programs/SM, thin tile": dict(PROGRAMS_PER_SM=4, FAT_TILE_BELOW=0),
+    "now": {},
 }
 
 

@@ -28,15 +28,17 @@ from pagoda.kernels.attention_dot import _dot, dot_precision
 BLOCK_N = 32
 NUM_WARPS = 2
 NUM_STAGES = 2
-# With fewer than FAT_TILE_BELOW programs per SM and no split, each program must keep more bytes in
-# flight by itself: 64-position tiles, three stages deep (--decode-variants at 1d42fe5: batch 64,
-# 512 tokens went from 39.9 to 35.9 us; with 8 programs per SM the thin tile stays ahead).
+# A launch of fewer than FAT_TILE_BELOW programs per SM leaves too few loads in flight with the thin
+# tile: each program then walks 64-position tiles, three stages deep. Measured on the H200
+# (e2e/results/decode-rules-080f2dd): batch 64 at 512 tokens 3.38 -> 3.77 TB/s as one slice; batch
+# 1-32 gain 10-50%; at 768 programs (batch 48, two slices) the thin tile is still ahead.
 FAT_TILE = (64, 2, 3)  # block_n, num_warps, num_stages
-FAT_TILE_BELOW = 6
-MIN_TOKENS_PER_SPLIT = 512  # below this a slice costs more in merging than it gains in parallelism
+FAT_TILE_BELOW = 5
+MIN_TOKENS_PER_SPLIT = 256  # below this a slice costs more in merging than it gains in parallelism
 MAX_SPLITS = 32
-PROGRAMS_PER_SM = 4  # resident decode programs per SM we aim to keep busy
-FAT_TILE_SPLIT_TOO = False  # experiment knob (e2e --decode-rules): the fat tile for split launches as well
+# Split the context only below 3 programs per SM: with the fat tile, 4 per SM already stream at
+# 88-104% of 4.25 TB/s, and a split adds a merge launch.
+PROGRAMS_PER_SM = 3
 
 
 @triton.jit
@@ -142,11 +144,11 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, device
     return max(1, min(wanted, by_length, MAX_SPLITS))
 
 
-def choose_tile(num_programs: int, num_splits: int, element_size: int, device: torch.device) -> tuple:
+def choose_tile(num_programs: int, element_size: int, device: torch.device) -> tuple:
     """(block_n, num_warps, num_stages) for a launch of num_programs programs."""
     if element_size > 2:  # fp32 caches take half the tile to fit shared memory
         return 32, NUM_WARPS, 2
-    if (num_splits == 1 or FAT_TILE_SPLIT_TOO) and num_programs < FAT_TILE_BELOW * _num_sms(device):
+    if num_programs < FAT_TILE_BELOW * _num_sms(device):
         return FAT_TILE
     return BLOCK_N, NUM_WARPS, NUM_STAGES
 
@@ -189,7 +191,7 @@ def paged_attention_decode(
     block_g = max(16, triton.next_power_of_2(group))  # tl.dot wants M >= 16
     block_d = max(16, triton.next_power_of_2(head_dim))
     default_n, default_warps, default_stages = choose_tile(
-        num_seqs * num_kv_heads * num_splits, num_splits, k_cache.element_size(), query.device)
+        num_seqs * num_kv_heads * num_splits, k_cache.element_size(), query.device)
     if num_splits > 1:
         part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32,
                                device=query.device)

@@ -7,7 +7,12 @@ import pytest
 import torch
 from kernel_testing import paged_inputs, tolerance
 
-from pagoda.kernels.paged_attention_decode import choose_num_splits, paged_attention_decode
+from pagoda.kernels.paged_attention_decode import (
+    FAT_TILE,
+    choose_num_splits,
+    choose_tile,
+    paged_attention_decode,
+)
 from pagoda.kernels.paged_attention_prefill import paged_attention_prefill
 from pagoda.kernels.paged_attention_ref import paged_attention_ref
 
@@ -42,6 +47,14 @@ def test_decode(group, head_dim, dtype, block_size, seq_lens, num_splits):
                                  block_n=16 if num_splits == 5 else None, out=out)
     assert got is out
     check(got, *args, scale)
+
+
+def test_decode_tile_follows_programs_per_sm():
+    cpu = torch.device("cpu")  # 4 "SMs" under the interpreter
+    assert choose_tile(19, 2, cpu) == FAT_TILE  # under 5 programs per SM: more bytes in flight each
+    thin = choose_tile(20, 2, cpu)
+    assert thin != FAT_TILE and thin[0] < FAT_TILE[0]
+    assert choose_tile(4, 4, cpu)[0] == 32  # fp32 caches keep the small tile (shared memory)
 
 
 def test_decode_split_choice_is_host_only_and_bounded():
