@@ -26,6 +26,7 @@ from pagoda.kernels.paged_attention_decode import paged_attention_decode
 from pagoda.kernels.paged_attention_prefill import paged_attention_prefill
 from pagoda.kernels.paged_attention_ref import paged_attention_ref
 from pagoda.kernels.rotary import rotary_embedding
+from pagoda.kernels.rotary_kv_cache import rotary_kv_cache
 from pagoda.kernels.rotary_ref import rotary_embedding_ref
 from pagoda.kernels.sampling import sample
 from pagoda.kernels.sampling_ref import philox_uniform, sample_ref
@@ -122,6 +123,29 @@ def rotary_case(device, dtype, heads, kv_heads, head_dim, rotary_dim):
     return fn
 
 
+def rotary_kv_cache_case(device, dtype, heads, kv_heads, head_dim, rotary_dim, block_size=16):
+    def fn():
+        tokens = 333
+        qkv = torch.randn(tokens, heads + 2 * kv_heads, head_dim, dtype=dtype, device=device)
+        q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
+        positions = torch.randint(0, 8192, (tokens,), device=device)
+        cache = rope_cache(rotary_dim, 8192, device)
+        num_blocks = tokens // block_size + 4
+        slots = torch.randperm(num_blocks * block_size, device=device)[:tokens]
+        slots[::50] = -1  # padding rows write nothing
+        shape = (num_blocks, block_size, kv_heads, head_dim)
+        k_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
+        v_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
+        k_ref, v_ref = k_cache.clone(), v_cache.clone()
+        want_q, want_k = rotary_embedding_ref(positions, q, k, cache)
+        write_kv_cache_ref(want_k, v, k_ref, v_ref, slots)
+        with no_host_sync():
+            got_q = rotary_kv_cache(positions, q, k, v, cache, k_cache, v_cache, slots)
+        return [(got_q, want_q, TOL[dtype]), (k_cache, k_ref, TOL[dtype]), (v_cache, v_ref, TOL[dtype])]
+
+    return fn
+
+
 def silu_case(device, dtype, d):
     def fn():
         x = 2 * torch.randn(129, 2 * d, dtype=dtype, device=device)
@@ -213,6 +237,11 @@ def run_checks(device) -> list[dict]:
                 "rotary_embedding",
                 f"{dtype} heads={heads}/{kvh} head_dim={hd} rotary={rd}",
                 rotary_case(device, dtype, heads, kvh, hd, rd),
+            )
+            checks.run(
+                "rotary_kv_cache",
+                f"{dtype} heads={heads}/{kvh} head_dim={hd} rotary={rd}",
+                rotary_kv_cache_case(device, dtype, heads, kvh, hd, rd),
             )
         for d in (14336, 4864, 1000):
             checks.run("silu_and_mul", f"{dtype} d={d}", silu_case(device, dtype, d))

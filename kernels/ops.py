@@ -85,6 +85,27 @@ def rotary_embedding(positions, query, key, cos_sin_cache, inplace: bool = False
     return rotary_embedding_ref(positions, query, key, cos_sin_cache)
 
 
+# PAGODA_FUSED_ROPE_KV=0 (read at import) runs rotary and the cache write as two kernels, so a
+# benchmark can compare the two.
+FUSED_ROPE_KV = os.environ.get("PAGODA_FUSED_ROPE_KV", "1") != "0"
+
+
+def rotary_kv_cache(positions, query, key, value, cos_sin_cache, k_cache, v_cache, slot_mapping):
+    """Rotates query and key, writes the rotated key and the value into their cache slots, and
+    returns the rotated query (on the GPU, query is rotated where it lies and key is left as is)."""
+    if not _on_gpu(query):
+        query, key = rotary_embedding_ref(positions, query, key, cos_sin_cache)
+        write_kv_cache_ref(key, value, k_cache, v_cache, slot_mapping)
+        return query
+    if not FUSED_ROPE_KV:
+        query, key = rotary_embedding(positions, query, key, cos_sin_cache, inplace=True)
+        write_kv_cache(key, value, k_cache, v_cache, slot_mapping)
+        return query
+    from pagoda.kernels.rotary_kv_cache import rotary_kv_cache as triton_rotary_kv_cache
+
+    return triton_rotary_kv_cache(positions, query, key, value, cos_sin_cache, k_cache, v_cache, slot_mapping)
+
+
 def silu_and_mul(x):
     if _on_gpu(x):
         from pagoda.kernels.activation import silu_and_mul as triton_silu_and_mul

@@ -23,12 +23,25 @@ class Attention(nn.Module):
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cos_sin_cache: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """With positions and cos_sin_cache, q and k arrive unrotated and are rotated here, by the
+        same kernel that writes the cache (one launch per layer fewer)."""
         ctx = get_context()
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        ops.write_kv_cache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+        if cos_sin_cache is not None:
+            q = ops.rotary_kv_cache(positions, q, k, v, cos_sin_cache, self.k_cache, self.v_cache,
+                                    ctx.slot_mapping)
+        else:
+            ops.write_kv_cache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
         out = ops.paged_attention(
             q,
             self.k_cache,

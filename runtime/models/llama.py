@@ -41,8 +41,7 @@ class LlamaAttention(nn.Module):
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(q.shape[0], self.num_heads, -1)
         k = k.reshape(k.shape[0], self.num_kv_heads, -1)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v))
+        return self.o_proj(self.attn(q, k, v, positions, self.rotary_emb.cos_sin_cache))
 
 
 class LlamaMLP(nn.Module):

@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 _TRITON_MODULES = [  # dependency order: attention_dot first
-    "attention_dot", "kv_cache", "norm", "rotary", "activation", "paged_attention_decode",
+    "attention_dot", "kv_cache", "norm", "rotary", "rotary_kv_cache", "activation", "paged_attention_decode",
     "paged_attention_prefill", "sampling",
 ]
 for _name in _TRITON_MODULES:

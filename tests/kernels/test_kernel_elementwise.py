@@ -16,6 +16,7 @@ from pagoda.kernels.kv_cache_ref import write_kv_cache_ref
 from pagoda.kernels.norm import rms_norm
 from pagoda.kernels.norm_ref import rms_norm_ref
 from pagoda.kernels.rotary import rotary_embedding
+from pagoda.kernels.rotary_kv_cache import rotary_kv_cache
 from pagoda.kernels.rotary_ref import rotary_embedding_ref
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -110,6 +111,35 @@ def test_rotary(dtype, num_heads, num_kv_heads, head_dim, rotary_dim):
     assert got_q is q2 and got_k is k2
     torch.testing.assert_close(q2, want_q, **tolerance(dtype))
     torch.testing.assert_close(k2, want_k, **tolerance(dtype))
+
+
+@pytest.mark.parametrize(
+    "dtype,num_heads,num_kv_heads,head_dim,rotary_dim,block_size",
+    [(torch.float32, 4, 4, 64, 64, 16), (torch.float16, 7, 1, 128, 128, 1),
+     (torch.bfloat16, 28, 4, 128, 128, 32), (torch.float32, 8, 2, 64, 32, 8)],  # last: partial rotary
+)
+def test_rotary_kv_cache(dtype, num_heads, num_kv_heads, head_dim, rotary_dim, block_size):
+    """The fused kernel against rotary_embedding_ref then write_kv_cache_ref: the query rotated in
+    place, the rotated key and the value in their slots, padding tokens (-1) writing nothing."""
+    num_blocks, max_position = max(4, 12 // block_size + 1), 300
+    slots = torch.randperm(num_blocks * block_size)[:11]
+    slots = torch.cat([slots, torch.tensor([-1, -1])])[torch.randperm(13)]
+    positions = torch.randint(0, max_position, (13,))
+    qkv = torch.randn(13, num_heads + 2 * num_kv_heads, head_dim).to(dtype)
+    query, key, value = qkv.split([num_heads, num_kv_heads, num_kv_heads], dim=1)
+    cos_sin = _cos_sin_cache(rotary_dim, max_position)
+    k_cache = torch.full((num_blocks, block_size, num_kv_heads, head_dim), float("nan"), dtype=dtype)
+    v_cache = k_cache.clone()
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    want_q, want_k = rotary_embedding_ref(positions, query, key, cos_sin)
+    write_kv_cache_ref(want_k, value, k_ref, v_ref, slots)
+    key_before = key.clone()
+    got = rotary_kv_cache(positions, query, key, value, cos_sin, k_cache, v_cache, slots)
+    assert got is query
+    torch.testing.assert_close(query, want_q, **tolerance(dtype))
+    torch.testing.assert_close(k_cache, k_ref, equal_nan=True, **tolerance(dtype))
+    torch.testing.assert_close(v_cache, v_ref, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(key, key_before, rtol=0, atol=0)  # read only: attention reads the cache
 
 
 def test_rotary_llama3_scaling_matches_transformers():
