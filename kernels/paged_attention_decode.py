@@ -12,6 +12,11 @@ and a second kernel merges them. The slice length is computed on the device from
 own seq_len, so the launch depends only on host-side hints: no host sync, and a launch captured in
 a CUDA graph stays correct for any context length. With one split the kernel writes the output
 directly and the merge is skipped.
+
+Tile. Few programs per SM (small batches) cannot keep enough loads in flight with a thin tile, so
+below FAT_TILE_BELOW programs per SM each program walks wider tiles, more stages deep; and the
+context is split only below PROGRAMS_PER_SM programs per SM, since a fat-tiled launch of 4 per SM
+already streams near the bandwidth limit and a split costs a merge launch.
 """
 
 import functools
