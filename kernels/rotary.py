@@ -36,6 +36,16 @@ def _rotate_heads(
 
 
 @triton.jit
+def _cos_sin(positions_ptr, cos_sin_ptr, token, stride_cs, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """This token's cos and sin rows, [1, BLOCK_HALF] in fp32."""
+    pos = tl.load(positions_ptr + token).to(tl.int64)
+    j = tl.arange(0, BLOCK_HALF)[None, :]
+    cos = tl.load(cos_sin_ptr + pos * stride_cs + j, mask=j < HALF, other=0.0).to(tl.float32)
+    sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + j, mask=j < HALF, other=0.0).to(tl.float32)
+    return cos, sin
+
+
+@triton.jit
 def _rotary_kernel(
     positions_ptr, q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_sin_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh,
@@ -45,10 +55,7 @@ def _rotary_kernel(
     BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr, COPY_PASS: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
-    pos = tl.load(positions_ptr + token).to(tl.int64)
-    j = tl.arange(0, BLOCK_HALF)[None, :]
-    cos = tl.load(cos_sin_ptr + pos * stride_cs + j, mask=j < HALF, other=0.0).to(tl.float32)
-    sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + j, mask=j < HALF, other=0.0).to(tl.float32)
+    cos, sin = _cos_sin(positions_ptr, cos_sin_ptr, token, stride_cs, HALF, BLOCK_HALF)
     _rotate_heads(q_ptr, q_out_ptr, stride_qt, stride_qh, stride_qot, stride_qoh, token, num_heads,
                   head_dim, cos, sin, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS, COPY_PASS)
     _rotate_heads(k_ptr, k_out_ptr, stride_kt, stride_kh, stride_kot, stride_koh, token, num_kv_heads,

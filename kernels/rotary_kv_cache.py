@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagoda.kernels.rotary import _rotate_heads
+from pagoda.kernels.rotary import _cos_sin, _rotate_heads
 
 
 @triton.jit
@@ -24,10 +24,7 @@ def _rotary_kv_cache_kernel(
     BLOCK_D: tl.constexpr, BLOCK_PASS: tl.constexpr, HAS_PASS: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
-    pos = tl.load(positions_ptr + token).to(tl.int64)
-    j = tl.arange(0, BLOCK_HALF)[None, :]
-    cos = tl.load(cos_sin_ptr + pos * stride_cs + j, mask=j < HALF, other=0.0).to(tl.float32)
-    sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + j, mask=j < HALF, other=0.0).to(tl.float32)
+    cos, sin = _cos_sin(positions_ptr, cos_sin_ptr, token, stride_cs, HALF, BLOCK_HALF)
     # the query in place: its unrotated tail (partial rotary) is already where it belongs
     _rotate_heads(q_ptr, q_ptr, stride_qt, stride_qh, stride_qt, stride_qh, token, num_heads,
                   head_dim, cos, sin, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS, False)
