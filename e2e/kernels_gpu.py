@@ -1,7 +1,7 @@
 """Pagoda's Triton kernels on the GPU: each against its torch reference, then microbenchmarks.
 
 Run on the H200 from the repository root:
-    python e2e/kernels_gpu.py [--out DIR] [--quick] [--sweep] [--skip-bench]
+    python e2e/kernels_gpu.py [--out DIR] [--quick] [--sweep] [--skip-bench] [--decode-rules]
 
 Correctness first: every kernel on fresh random inputs against its reference (paged attention
 with unowned cache slots poisoned by NaN), and the launch paths the runtime uses are run under
