@@ -36,13 +36,13 @@ NUM_STAGES = 2
 # A launch of fewer than FAT_TILE_BELOW programs per SM leaves too few loads in flight with the thin
 # tile: each program then walks 64-position tiles, three stages deep. Measured on the H200
 # (e2e/results/decode-rules-080f2dd): batch 64 at 512 tokens 3.38 -> 3.77 TB/s as one slice; batch
-# 1-32 gain 10-50%; at 768 programs (batch 48, two slices) the thin tile is still ahead.
+# 1-32 gain 3-50%; at 768 programs (batch 48, two slices) the thin tile is still ahead.
 FAT_TILE = (64, 2, 3)  # block_n, num_warps, num_stages
 FAT_TILE_BELOW = 5
 MIN_TOKENS_PER_SPLIT = 256  # below this a slice costs more in merging than it gains in parallelism
 MAX_SPLITS = 32
 # Split the context only below 3 programs per SM: with the fat tile, 4 per SM already stream at
-# 88-104% of 4.25 TB/s, and a split adds a merge launch.
+# 88-106% of 4.25 TB/s, and a split adds a merge launch.
 PROGRAMS_PER_SM = 3
 
 

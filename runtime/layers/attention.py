@@ -1,4 +1,4 @@
-"""Attention over the paged KV cache: write this step's keys and values, then attend.
+"""Attention over the paged KV cache: rotate, write this step's keys and values, then attend.
 
 The layer owns no batching logic. Where each token goes (slot_mapping) and what each sequence
 sees (block_tables, seq_lens, query_start_loc) come from the AttentionContext, so decode, chunked
@@ -24,24 +24,14 @@ class Attention(nn.Module):
         self.v_cache = torch.empty(0)
 
     def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        cos_sin_cache: torch.Tensor | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
     ) -> torch.Tensor:
-        """With positions and cos_sin_cache, q and k arrive unrotated and are rotated here, by the
-        same kernel that writes the cache (one launch per layer fewer)."""
+        """q and k arrive unrotated: one kernel rotates them and writes the cache (on the GPU)."""
         ctx = get_context()
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if cos_sin_cache is not None:
-            q = ops.rotary_kv_cache(positions, q, k, v, cos_sin_cache, self.k_cache, self.v_cache,
-                                    ctx.slot_mapping)
-        else:
-            ops.write_kv_cache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+        q = ops.rotary_kv_cache(positions, q, k, v, cos_sin_cache, self.k_cache, self.v_cache, ctx.slot_mapping)
         out = ops.paged_attention(
             q,
             self.k_cache,

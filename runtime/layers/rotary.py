@@ -11,8 +11,6 @@ import math
 import torch
 from torch import nn
 
-from pagoda.kernels import ops
-
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -54,12 +52,10 @@ def build_cos_sin_cache(
 
 
 class RotaryEmbedding(nn.Module):
+    """The layer's cos/sin table; Attention applies it, in the kernel that writes the KV cache."""
+
     def __init__(self, rotary_dim: int, max_position: int, base: float, scaling: dict | None = None):
         super().__init__()
         cache = build_cos_sin_cache(rotary_dim, max_position, base, scaling)
         self.register_buffer("cos_sin_cache", cache, persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        # q and k are views of this layer's fresh qkv projection, which nothing else reads, so they
-        # are rotated in place.
-        return ops.rotary_embedding(positions, q, k, self.cos_sin_cache, inplace=True)
