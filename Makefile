@@ -32,7 +32,7 @@ test: $(STAMP)
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
 demo: $(STAMP)
-	$(PY) -m pagoda.runtime.demo --model $(DEMO_MODEL) --port $(PORT)
+	$(PY) -m pagoda.runtime.tools.demo --model $(DEMO_MODEL) --port $(PORT)
 
 crds: $(STAMP)
 	$(PY) -m pagoda.operator.crdgen --write

@@ -36,7 +36,7 @@ IM_END = "<|im_end|>"
 PAD = "<|pad|>"
 SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END, PAD]
 
-# ChatML, as in pagoda.runtime.tiny_models (copied: this script must run without pagoda installed).
+# ChatML, as in pagoda.runtime.tools.tiny_models (copied: this script must run without pagoda installed).
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
@@ -150,7 +150,7 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     """A byte-level BPE over the training text, wrapped as a transformers fast tokenizer."""
     from transformers import PreTrainedTokenizerFast
 
-    from pagoda.runtime.tiny_models import train_byte_level_bpe
+    from pagoda.runtime.tools.tiny_models import train_byte_level_bpe
 
     tok = train_byte_level_bpe(texts, vocab_size, SPECIAL_TOKENS)
     # Generation stops at <|im_end|> (the end of a chat turn); generation_config adds

@@ -20,7 +20,7 @@ def tiny_parity(root: Path) -> dict:
     from transformers import AutoModelForCausalLM
 
     from pagoda.runtime import LLM, SamplingParams
-    from pagoda.runtime.tiny_models import build_tiny_model
+    from pagoda.runtime.tools.tiny_models import build_tiny_model
     from tests.engine.conftest import make_prompts
 
     results = {}

@@ -70,7 +70,7 @@ SHAPES = {
 
 def make_checkpoint_dir(root: Path, name: str, shape: dict) -> Path:
     """config.json of the shape, plus a tiny model's tokenizer; no weights (they come from HF)."""
-    from pagoda.runtime.tiny_models import build_tiny_model
+    from pagoda.runtime.tools.tiny_models import build_tiny_model
 
     shape = dict(shape)
     path = build_tiny_model(root / name, shape.pop("family"))
@@ -108,7 +108,7 @@ def pagoda_llm(path: Path, dtype: str, weights: dict, enforce_eager: bool):
 def pagoda_logits(llm, ids: torch.Tensor) -> torch.Tensor:
     """Teacher-forced logits [B, L, V] (fp32): prefill, extension, then one-token decode steps,
     straight through the model over the paged cache (blocks 0.., no request is live)."""
-    from pagoda.runtime.attention_context import AttentionContext, attention_context
+    from pagoda.runtime.worker.attention_context import AttentionContext, attention_context
 
     model, bs = llm.llm_engine.runner.model, llm.llm_engine.args.block_size
     B, L = ids.shape
@@ -256,7 +256,7 @@ def check_shape(root: Path, name: str, shape: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    from pagoda.runtime.bench.results import environment
+    from pagoda.runtime.tools.bench.results import environment
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("e2e/results/gpu_correctness.json"))

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from pagoda.runtime.bench import workloads
-from pagoda.runtime.llm import LLM
+from pagoda.runtime.frontend.llm import LLM
 from pagoda.runtime.sampling_params import SamplingParams
+from pagoda.runtime.tools.bench import workloads
 
 
 def step_kind(sched) -> str:

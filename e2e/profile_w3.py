@@ -31,12 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from profile_gpu import StepRecorder, step_kind  # noqa: E402
 
-from pagoda.runtime.bench import workloads  # noqa: E402
-from pagoda.runtime.engine import LLMEngine  # noqa: E402
+from pagoda.runtime.core.engine import LLMEngine  # noqa: E402
 from pagoda.runtime.engine_args import EngineArgs  # noqa: E402
-from pagoda.runtime.model_runner import PendingStep  # noqa: E402
+from pagoda.runtime.frontend.engine_deltas import DeltaEncoder  # noqa: E402
 from pagoda.runtime.sampling_params import SamplingParams  # noqa: E402
-from pagoda.runtime.server.engine_deltas import DeltaEncoder  # noqa: E402
+from pagoda.runtime.tools.bench import workloads  # noqa: E402
+from pagoda.runtime.worker.model_runner import PendingStep  # noqa: E402
 
 
 class HostStages:

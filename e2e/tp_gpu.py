@@ -73,7 +73,7 @@ def parse_args(argv=None):
 
 def model_dir(root: Path, name: str, overrides: dict, smoke: bool) -> Path:
     """config.json + the bench's synthetic tokenizer; weights are dummy."""
-    from pagoda.runtime.bench import workloads
+    from pagoda.runtime.tools.bench import workloads
 
     base = "tiny" if smoke else "w1"
     path = root / name
@@ -85,7 +85,7 @@ def model_dir(root: Path, name: str, overrides: dict, smoke: bool) -> Path:
 
 
 def make_llm(job: dict):
-    from pagoda.runtime.llm import LLM
+    from pagoda.runtime.frontend.llm import LLM
 
     return LLM(
         job["model"], load_format="dummy", dtype=job["dtype"], device=job["device"],
@@ -166,8 +166,8 @@ def allreduce_share(llm, steps: int) -> dict:
 
 
 def child_throughput(job: dict) -> dict:
-    from pagoda.runtime.bench import workloads
     from pagoda.runtime.sampling_params import SamplingParams
+    from pagoda.runtime.tools.bench import workloads
 
     llm = make_llm(job)
     requests = workloads.w1_requests()[: job["num_prompts"]]
@@ -265,8 +265,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.child:
         return child_main(args.child)
-    from pagoda.runtime.bench import workloads
-    from pagoda.runtime.bench.results import environment
+    from pagoda.runtime.tools.bench import workloads
+    from pagoda.runtime.tools.bench.results import environment
 
     smoke, gpus = args.smoke, gpu_count(args.smoke)
     device = "cpu" if smoke else "cuda"

@@ -9,10 +9,10 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "LLM": "pagoda.runtime.llm",
+    "LLM": "pagoda.runtime.frontend.llm",
     "SamplingParams": "pagoda.runtime.sampling_params",
-    "RequestOutput": "pagoda.runtime.outputs",
-    "CompletionOutput": "pagoda.runtime.outputs",
+    "RequestOutput": "pagoda.runtime.frontend.outputs",
+    "CompletionOutput": "pagoda.runtime.frontend.outputs",
 }
 
 __all__ = list(_EXPORTS)

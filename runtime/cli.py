@@ -9,11 +9,11 @@ import sys
 
 # name -> (module, one-line help). Each module defines add_arguments(parser) and run(args) -> int.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("pagoda.runtime.server.cli", "Serve a model over the OpenAI-compatible HTTP API."),
+    "serve": ("pagoda.runtime.frontend.server.cli", "Serve a model over the OpenAI-compatible HTTP API."),
     "plan": ("pagoda.runtime.plan", "Print the memory arithmetic for a model on a GPU."),
     "download": ("pagoda.runtime.download", "Download a model URI into a local folder."),
-    "bench": ("pagoda.runtime.bench.cli", "Benchmarks: throughput (W1), latency (W2), serve (W3)."),
-    "tiny-model": ("pagoda.runtime.tiny_models", "Write a tiny random-weight checkpoint."),
+    "bench": ("pagoda.runtime.tools.bench.cli", "Benchmarks: throughput (W1), latency (W2), serve (W3)."),
+    "tiny-model": ("pagoda.runtime.tools.tiny_models", "Write a tiny random-weight checkpoint."),
     "operator": ("pagoda.operator.main", "Run the Kubernetes operator."),
 }
 

@@ -24,7 +24,7 @@ class EngineArgs:
     enforce_eager: bool = False
     served_model_name: str | None = None
     chat_template: str | None = None
-    tensor_parallel_size: int = 1  # ranks (GPUs) one model is split over; see runtime/distributed/
+    tensor_parallel_size: int = 1  # ranks (GPUs) one model is split over; see runtime/worker/distributed/
     # Who drives the engine: "llm_class" (offline batches, `LLM`) or "api_server" (`pagoda serve`).
     # It picks defaults that favour throughput or latency, as vLLM's usage context does.
     usage_context: str = "api_server"

@@ -87,7 +87,7 @@ def test_tiny_models_load_and_generate(tmp_path, family):
     import torch
     import transformers
 
-    from pagoda.runtime.tiny_models import build_tiny_model
+    from pagoda.runtime.tools.tiny_models import build_tiny_model
 
     start = time.perf_counter()
     path = build_tiny_model(tmp_path / family, family, seed=3)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from pagoda.kernels import ops
-from pagoda.runtime.attention_context import get_context
+from pagoda.runtime.worker.attention_context import get_context
 
 
 class Attention(nn.Module):

@@ -9,8 +9,8 @@ import httpx
 import pytest
 from serve_process import pagoda_serve
 
-from pagoda.runtime.bench import serve, workloads
 from pagoda.runtime.cli import main
+from pagoda.runtime.tools.bench import serve, workloads
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
-from pagoda.runtime.bench.serve_client import arrival_offsets
 from pagoda.runtime.cli import main
+from pagoda.runtime.tools.bench.serve_client import arrival_offsets
 
 FIRST_DELAY = 0.060
 INTERVAL = 0.020

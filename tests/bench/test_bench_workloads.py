@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from pagoda.runtime.bench import workloads
-from pagoda.runtime.bench.roofline import (
+from pagoda.runtime.tools.bench import workloads
+from pagoda.runtime.tools.bench.roofline import (
     W1_PUBLISHED_ROOFLINE,
     W2_PUBLISHED_FLOOR_MS,
     decode_floor_ms,
@@ -104,7 +104,7 @@ def test_synthetic_model_folders(tmp_path):
 
 
 def test_gpu_busy_counts_overlaps_once():
-    from pagoda.runtime.bench.gpu_busy import union_seconds
+    from pagoda.runtime.tools.bench.gpu_busy import union_seconds
 
     ns = 1_000_000_000
     assert union_seconds([]) == 0

@@ -134,7 +134,7 @@ def hf_greedy(hf_model) -> Callable[[list[int], int], tuple[list[int], list[floa
 
 @pytest.fixture(scope="session")
 def make_engine(demo_model):
-    from pagoda.runtime.engine import LLMEngine
+    from pagoda.runtime.core.engine import LLMEngine
     from pagoda.runtime.engine_args import EngineArgs
 
     def make(**overrides):

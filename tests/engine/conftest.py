@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from pagoda.runtime.tiny_models import FAMILIES, build_tiny_model
+from pagoda.runtime.tools.tiny_models import FAMILIES, build_tiny_model
 
 MAX_NEW_TOKENS = 10
 # Varied lengths around block boundaries (tests use block_size=8), up to several blocks.

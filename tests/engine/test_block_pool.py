@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pagoda.runtime.kv import BlockPool, KVCacheManager, hash_block_tokens
-from pagoda.runtime.request import Request
+from pagoda.runtime.core.kv import BlockPool, KVCacheManager, hash_block_tokens
+from pagoda.runtime.core.request import Request
 from pagoda.runtime.sampling_params import SamplingParams
 
 BS = 4

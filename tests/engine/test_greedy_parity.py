@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pagoda.runtime import LLM, SamplingParams
-from pagoda.runtime.tiny_models import FAMILIES
+from pagoda.runtime.tools.tiny_models import FAMILIES
 
 from .conftest import MAX_NEW_TOKENS, make_prompts, make_shared_prefix_prompts
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pagoda.runtime import LLM, SamplingParams
-from pagoda.runtime.engine import LLMEngine
+from pagoda.runtime.core.engine import LLMEngine
 from pagoda.runtime.engine_args import EngineArgs
 
 from .conftest import make_prompts
@@ -127,7 +127,7 @@ def test_logprobs_do_not_depend_on_padding_rows(tiny_models):
 
 
 def test_a_mixed_step_puts_its_one_token_rows_first(tiny_models):
-    from pagoda.runtime.scheduler import SchedulerOutput
+    from pagoda.runtime.core.scheduler import SchedulerOutput
 
     engine = _engine(tiny_models["llama"], async_scheduling=False)
     prompts = make_prompts(lengths=[7, 12, 9])

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from pagoda.runtime import LLM, SamplingParams
-from pagoda.runtime.cuda_graphs import DecodeGraphs, capture_sizes, padded_size
 from pagoda.runtime.engine_args import EngineArgs
+from pagoda.runtime.worker.cuda_graphs import DecodeGraphs, capture_sizes, padded_size
 
 from .conftest import make_prompts
 

@@ -3,10 +3,10 @@ the decode fast path of the KV manager, each checked against the path it replace
 
 from __future__ import annotations
 
-from pagoda.runtime.engine import LLMEngine
+from pagoda.runtime.core.engine import LLMEngine
+from pagoda.runtime.core.kv.kv_cache_manager import KVCacheManager
+from pagoda.runtime.core.request import Request
 from pagoda.runtime.engine_args import EngineArgs
-from pagoda.runtime.kv.kv_cache_manager import KVCacheManager
-from pagoda.runtime.request import Request
 from pagoda.runtime.sampling_params import SamplingParams
 
 from .conftest import make_prompts

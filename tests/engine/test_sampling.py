@@ -214,7 +214,7 @@ def test_streamed_text_holds_back_partial_stop_strings(llm):
 
 
 def test_detokenizer_never_cuts_a_character(llm):
-    from pagoda.runtime.detokenizer import IncrementalDetokenizer
+    from pagoda.runtime.frontend.detokenizer import IncrementalDetokenizer
 
     tok = llm.get_tokenizer()
     text = "héllo wörld 日本語 — ok"
@@ -289,7 +289,7 @@ def test_min_tokens_above_max_tokens():
 @pytest.mark.parametrize("rows", [1, 3, 31, 40])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_greedy_argmax_is_torch_argmax_ties_included(vocab, rows, dtype):
-    from pagoda.runtime.sampler import greedy_argmax
+    from pagoda.runtime.worker.sampler import greedy_argmax
 
     gen = torch.Generator().manual_seed(vocab + rows)
     # Few distinct values, so most rows have their maximum many times: the first one must win.

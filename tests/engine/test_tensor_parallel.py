@@ -14,13 +14,13 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from pagoda.runtime import LLM, SamplingParams
-from pagoda.runtime.distributed.executor import check_tensor_parallel
 from pagoda.runtime.engine_args import EngineArgs
 from pagoda.runtime.layers.parallel_state import TensorParallelGroup, check_head_split, tensor_parallel
 from pagoda.runtime.model_config import ModelConfig
-from pagoda.runtime.model_loader import iter_safetensors, load_model
 from pagoda.runtime.models.llama import LlamaForCausalLM
-from pagoda.runtime.tiny_models import build_tiny_model
+from pagoda.runtime.tools.tiny_models import build_tiny_model
+from pagoda.runtime.worker.distributed.executor import check_tensor_parallel
+from pagoda.runtime.worker.model_loader import iter_safetensors, load_model
 
 from .conftest import MAX_NEW_TOKENS, make_prompts
 
@@ -247,7 +247,7 @@ def test_more_ranks_than_gpus_and_unsupported_devices_are_refused(models):
 def test_serve_flag():
     import argparse
 
-    from pagoda.runtime.server.cli import add_arguments, engine_args_from
+    from pagoda.runtime.frontend.server.cli import add_arguments, engine_args_from
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

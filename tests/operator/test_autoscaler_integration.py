@@ -39,7 +39,7 @@ from pagoda.operator.builders.deployment import build_deployment
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.k8s import Cluster
 from pagoda.operator.spec import ModelServer
-from pagoda.runtime.tiny_models import build_tiny_model
+from pagoda.runtime.tools.tiny_models import build_tiny_model
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "pagoda"
 NS, NAME, MODEL = "default", "tiny", "tiny"

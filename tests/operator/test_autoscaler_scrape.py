@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 
 from pagoda.operator.autoscaler.policy import PodLoad
 from pagoda.operator.autoscaler.scrape import PodTarget, parse_load, ready_targets, scrape_pods
-from pagoda.runtime.server.metrics import ServerMetrics
+from pagoda.runtime.frontend.server.metrics import ServerMetrics
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -242,7 +242,7 @@ def test_runtime_cli_accepts_the_deployment_args(name):
     """The Deployment's args parse with the runtime's own `pagoda serve` parser (the contract)."""
     import argparse
 
-    from pagoda.runtime.server.cli import add_arguments
+    from pagoda.runtime.frontend.server.cli import add_arguments
 
     parser = argparse.ArgumentParser(exit_on_error=False)
     add_arguments(parser)

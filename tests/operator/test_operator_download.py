@@ -12,7 +12,7 @@ import pytest
 from fakehub import serve
 
 from pagoda.runtime.download import MARKER
-from pagoda.runtime.tiny_models import build_tiny_model
+from pagoda.runtime.tools.tiny_models import build_tiny_model
 
 
 def pagoda(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from pagoda.runtime.tiny_models import build_tiny_model
+from pagoda.runtime.tools.tiny_models import build_tiny_model
 
 from .live import HF, LiveServer, build_cycle_model, byte_token_ids
 
@@ -29,7 +29,7 @@ def tiny_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def cycle_model(tmp_path_factory) -> CycleModel:
-    from pagoda.runtime.tiny_models import build_tokenizer
+    from pagoda.runtime.tools.tiny_models import build_tokenizer
 
     tok = build_tokenizer()
     euro = byte_token_ids(tok, b"x") + byte_token_ids(tok, "€".encode())

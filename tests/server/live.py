@@ -11,10 +11,10 @@ import uvicorn
 from serve_process import free_port
 
 from pagoda.runtime.engine_args import EngineArgs
-from pagoda.runtime.server.app import build_app
-from pagoda.runtime.server.cli import build_engine_client, has_random_weights
-from pagoda.runtime.server.serving import ServerConfig
-from pagoda.runtime.tiny_models import build_tiny_model
+from pagoda.runtime.frontend.server.app import build_app
+from pagoda.runtime.frontend.server.cli import build_engine_client, has_random_weights
+from pagoda.runtime.frontend.server.serving import ServerConfig
+from pagoda.runtime.tools.tiny_models import build_tiny_model
 
 MODEL = "tiny"
 

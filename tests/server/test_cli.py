@@ -50,14 +50,14 @@ def test_serve_flags_parse(monkeypatch):
                                              "--max-queue-len", "4", "--served-model-name", "a", "b"])
     assert (args.api_key, args.port, args.enable_prefix_caching, args.max_queue_len) == ("from-env", 9000, False, 4)
     assert args.served_model_name == ["a", "b"] and args.host == "0.0.0.0"
-    from pagoda.runtime.server.cli import engine_args_from
+    from pagoda.runtime.frontend.server.cli import engine_args_from
 
     engine_args = engine_args_from(args)
     assert engine_args.enable_prefix_caching is False and engine_args.served_model_name == "a"
 
 
 def test_cli_modules_do_not_import_torch():
-    code = ("import sys; import pagoda.runtime.server.cli, pagoda.runtime.plan; "
+    code = ("import sys; import pagoda.runtime.frontend.server.cli, pagoda.runtime.plan; "
             "from pagoda.runtime.cli import build_parser; build_parser('serve').format_help(); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -113,7 +113,7 @@ def test_plan_matches_the_engine(server):
 def test_demo_serves_and_its_snippets_work(tmp_path):
     port = free_port()
     cache = tmp_path / "demo-model-random"
-    cmd = [sys.executable, "-m", "pagoda.runtime.demo", "--model", str(tmp_path / "missing"), "--cache-dir",
+    cmd = [sys.executable, "-m", "pagoda.runtime.tools.demo", "--model", str(tmp_path / "missing"), "--cache-dir",
            str(cache), "--port", str(port), "--max-model-len", "128", "--max-num-seqs", "4", "--device", "cpu",
            "--log-level", "warning"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -142,7 +142,7 @@ def test_demo_serves_and_its_snippets_work(tmp_path):
 
 
 def test_chat_template_flag_takes_a_file_or_a_literal(tmp_path, tiny_dir):
-    from pagoda.runtime.server.cli import read_chat_template
+    from pagoda.runtime.frontend.server.cli import read_chat_template
 
     from .live import LiveServer
 

@@ -9,9 +9,9 @@ import time
 import pytest
 
 from pagoda.runtime.engine_args import EngineArgs
+from pagoda.runtime.frontend.engine_client import EngineDeadError
+from pagoda.runtime.frontend.server.cli import build_engine_client
 from pagoda.runtime.sampling_params import SamplingParams
-from pagoda.runtime.server.cli import build_engine_client
-from pagoda.runtime.server.engine_client import EngineDeadError
 
 
 @pytest.fixture(params=["thread", "process"])

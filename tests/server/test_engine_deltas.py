@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pickle
 
-from pagoda.runtime.engine import LLMEngine
+from pagoda.runtime.core.engine import LLMEngine
 from pagoda.runtime.engine_args import EngineArgs
+from pagoda.runtime.frontend.engine_deltas import DeltaEncoder, OutputAssembler
 from pagoda.runtime.sampling_params import SamplingParams
-from pagoda.runtime.server.engine_deltas import DeltaEncoder, OutputAssembler
 
 
 def _view(out) -> dict:

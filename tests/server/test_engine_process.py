@@ -14,8 +14,8 @@ import pytest
 
 from pagoda.runtime.cli import build_parser
 from pagoda.runtime.engine_args import EngineArgs
-from pagoda.runtime.server.cli import run
-from pagoda.runtime.server.process_engine import EngineStartError, ProcessEngine
+from pagoda.runtime.frontend.process_engine import EngineStartError, ProcessEngine
+from pagoda.runtime.frontend.server.cli import run
 
 from .live import MODEL, LiveServer
 

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from pagoda.runtime.server.protocol import ChatCompletionChunk, CompletionResponse
+from pagoda.runtime.frontend.server.protocol import ChatCompletionChunk, CompletionResponse
 
 from .live import HF, MODEL
 

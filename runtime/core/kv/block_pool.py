@@ -1,0 +1,96 @@
+"""BlockPool: every KV block of the cache, their reference counts and the prefix cache.
+
+A block with no reference sits in the free queue, which is also the LRU of the prefix cache: a
+freed block keeps its hash and stays findable until it reaches the head of the queue and is handed
+out again. Freeing appends at the tail, allocation pops from the head, so the least recently used
+cached block is evicted first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from pagoda.runtime.core.kv.block_hash import BlockHash
+
+
+@dataclass(slots=True, eq=False)
+class KVBlock:
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: BlockHash | None = None  # set once the block is full and cached
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, enable_caching: bool = True):
+        if num_blocks < 1:
+            raise ValueError(f"a block pool needs at least one block, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        # block_id -> block, in LRU order (head = next to hand out).
+        self.free_queue: OrderedDict[int, KVBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
+        self.cached: dict[BlockHash, KVBlock] = {}
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    def usage(self) -> float:
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def get_cached_block(self, block_hash: BlockHash) -> KVBlock | None:
+        return self.cached.get(block_hash)
+
+    def get_new_blocks(self, n: int) -> list[KVBlock]:
+        if n > self.num_free_blocks:
+            raise ValueError(f"cannot allocate {n} blocks: only {self.num_free_blocks} free")
+        out = []
+        for _ in range(n):
+            _, block = self.free_queue.popitem(last=False)
+            self._evict(block)
+            block.ref_cnt = 1
+            out.append(block)
+        return out
+
+    def touch(self, blocks: list[KVBlock]) -> None:
+        """Take a reference to blocks found in the prefix cache (or shared by a sibling)."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                del self.free_queue[block.block_id]
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: list[KVBlock]) -> None:
+        """Drop one reference each; blocks that reach zero join the LRU tail in the given order.
+
+        Callers pass a request's blocks tail first, so a prefix's last blocks are evicted before
+        its first ones, which more requests are likely to share.
+        """
+        for block in ordered_blocks:
+            if block.ref_cnt <= 0:
+                raise AssertionError(f"block {block.block_id} freed more often than taken")
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_queue[block.block_id] = block
+
+    def cache_full_block(self, block: KVBlock, block_hash: BlockHash) -> None:
+        if not self.enable_caching or block.block_hash is not None:
+            return
+        if block_hash in self.cached:
+            return  # an identical block is already cached; this one stays private
+        block.block_hash = block_hash
+        self.cached[block_hash] = block
+
+    def _evict(self, block: KVBlock) -> None:
+        if block.block_hash is not None:
+            if self.cached.get(block.block_hash) is block:
+                del self.cached[block.block_hash]
+            block.block_hash = None
+
+    def reset_prefix_cache(self) -> bool:
+        if self.num_free_blocks != self.num_blocks:
+            return False
+        for block in self.blocks:
+            block.block_hash = None
+        self.cached.clear()
+        return True

@@ -1,0 +1,138 @@
+"""KVCacheManager: each request's block table, allocated as its tokens arrive, over a BlockPool.
+
+It answers the scheduler's three questions: how much of a new request's prompt is already cached
+(get_computed_blocks), whether a request can have slots for its next tokens (allocate_slots), and
+what to give back when a request finishes or is preempted (free).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pagoda.runtime.core.kv.block_pool import BlockPool, KVBlock
+
+if TYPE_CHECKING:
+    from pagoda.runtime.core.request import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.req_to_blocks: dict[str, list[KVBlock]] = {}
+        self.num_cached_blocks: dict[str, int] = {}  # how many of a request's blocks are hashed
+        self.prefix_cache_queries = 0  # tokens looked up
+        self.prefix_cache_hits = 0  # tokens found
+
+    @property
+    def num_blocks(self) -> int:
+        return self.block_pool.num_blocks
+
+    def usage(self) -> float:
+        return self.block_pool.usage()
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
+        """The longest cached prefix of the request, in whole blocks.
+
+        It never covers the whole sequence: the last token is always computed, because its logits
+        are needed to sample the next one.
+        """
+        if not self.enable_caching or request.wants_prompt_logprobs:
+            return [], 0
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        blocks = []
+        for block_hash in request.block_hashes[:max_blocks]:
+            block = self.block_pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            blocks.append(block)
+        self.prefix_cache_queries += request.num_tokens
+        self.prefix_cache_hits += len(blocks) * self.block_size
+        return blocks, len(blocks) * self.block_size
+
+    def shared_prompt_blocks(self, source: Request, request: Request) -> tuple[list[KVBlock], int]:
+        """Full prompt blocks a sibling (n > 1) may borrow from the first child, which computed them."""
+        computed = min(source.num_computed_tokens, source.num_prompt_tokens)
+        n = min(computed // self.block_size, (request.num_tokens - 1) // self.block_size)
+        blocks = self.req_to_blocks.get(source.request_id, [])[:n]
+        return blocks, len(blocks) * self.block_size
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, new_computed_blocks: list[KVBlock] | None = None
+    ) -> list[KVBlock] | None:
+        """Give the request room for num_new_tokens more tokens; None (and no change) if it can't.
+
+        new_computed_blocks are prefix-cache hits for a request being scheduled for the first time;
+        its num_computed_tokens must not yet count them.
+        """
+        if not new_computed_blocks and self._has_room(request, num_new_tokens):
+            return []
+        return self._allocate(request, num_new_tokens, new_computed_blocks or [])
+
+    def _has_room(self, request: Request, num_new_tokens: int) -> bool:
+        """The common decode case, checked without building anything: the request's blocks hold
+        the new tokens and no block filled up, so there is nothing to allocate or cache."""
+        blocks = self.req_to_blocks.get(request.request_id)
+        if blocks is None:
+            return False
+        total = request.num_computed_tokens + num_new_tokens
+        full = min(total // self.block_size, len(request.block_hashes))
+        return total <= len(blocks) * self.block_size and full <= self.num_cached_blocks.get(
+            request.request_id, 0
+        )
+
+    def num_new_blocks(self, request: Request, num_new_tokens: int) -> int:
+        """Blocks allocate_slots would take from the pool for a running request (no cache hits)."""
+        total = request.num_computed_tokens + num_new_tokens
+        return max(cdiv(total, self.block_size) - len(self.req_to_blocks.get(request.request_id, ())), 0)
+
+    def _allocate(
+        self, request: Request, num_new_tokens: int, new_computed_blocks: list[KVBlock]
+    ) -> list[KVBlock] | None:
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+        total = num_computed + num_new_tokens
+        num_needed = cdiv(total, self.block_size) - len(blocks) - len(new_computed_blocks)
+        # Cached hits that sit in the free queue stop being free once we take them.
+        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if num_needed + num_evictable_hits > self.block_pool.num_free_blocks:
+            return None
+        self.block_pool.touch(new_computed_blocks)
+        new_blocks = self.block_pool.get_new_blocks(max(num_needed, 0))
+        blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        blocks.extend(new_computed_blocks)
+        blocks.extend(new_blocks)
+        self._cache_full_blocks(request, blocks, total)
+        return new_blocks
+
+    def _cache_full_blocks(self, request: Request, blocks: list[KVBlock], num_tokens: int) -> None:
+        # A block is cached once its tokens are known and scheduled; the forward pass writes every
+        # layer's KV for the whole batch before any attention reads it, so a request scheduled in
+        # the same step may already hit it.
+        start = self.num_cached_blocks.get(request.request_id, 0)
+        end = min(num_tokens // self.block_size, len(request.block_hashes))
+        for i in range(start, end):
+            self.block_pool.cache_full_block(blocks[i], request.block_hashes[i])
+        self.num_cached_blocks[request.request_id] = max(start, end)
+
+    def free(self, request: Request) -> None:
+        blocks = self.req_to_blocks.pop(request.request_id, [])
+        self.num_cached_blocks.pop(request.request_id, None)
+        self.block_pool.free_blocks(list(reversed(blocks)))
+
+    def num_wasted_slots(self, request: Request) -> int:
+        """Allocated slots the request has not filled and no launched step is filling: under one
+        block by construction."""
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        return len(blocks) * self.block_size - request.num_computed_tokens - request.num_in_flight_tokens
+
+    def reset_prefix_cache(self) -> bool:
+        return self.block_pool.reset_prefix_cache()

@@ -1,0 +1,112 @@
+"""Request: the engine's state for one sequence, from arrival until it finishes.
+
+A user request with n > 1 becomes n of these (children), which share the prompt's KV blocks.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from pagoda.runtime.core.kv.block_hash import BlockHash, hash_block_tokens
+from pagoda.runtime.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH_CAPPED = 4
+    FINISHED_ABORTED = 5
+
+    @property
+    def finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return {3: "stop", 4: "length", 5: "abort"}.get(int(self))
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_id: int | None
+    max_tokens: int  # resolved: the params' max_tokens, or what max_model_len leaves
+    block_size: int
+    parent_id: str = ""  # the user's request id; children of an n > 1 request share it
+    index: int = 0  # which of the n completions this is
+    arrival_time: float = field(default_factory=time.monotonic)
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    # Rows of steps scheduled ahead that are launched but not yet read back (0, 1 or 2); their
+    # slots are allocated and about to be filled.
+    num_in_flight_tokens: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = -1  # prefix-cache hit on first scheduling; -1 until then
+    num_preemptions: int = 0
+    # Hash of every full block of all_token_ids, chained from the first block (prefix caching).
+    block_hashes: list[BlockHash] = field(default_factory=list)
+    cache_salt: bytes = b""
+    # Sampling state owned by the model runner: the seeded generator and the logprobs so far.
+    generator: object | None = None
+    logprobs: list = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    prompt_logprobs: list = field(default_factory=list)
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.parent_id:
+            self.parent_id = self.request_id
+        self._update_block_hashes()
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_ids_slice(self, start: int, end: int) -> list[int]:
+        n = len(self.prompt_token_ids)
+        if end <= n:
+            return self.prompt_token_ids[start:end]
+        if start >= n:
+            return self.output_token_ids[start - n : end - n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - n]
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self._update_block_hashes()
+
+    def _update_block_hashes(self) -> None:
+        bs = self.block_size
+        while (len(self.block_hashes) + 1) * bs <= self.num_tokens:
+            i = len(self.block_hashes)
+            parent = self.block_hashes[-1] if self.block_hashes else None
+            tokens = self.token_ids_slice(i * bs, (i + 1) * bs)
+            self.block_hashes.append(hash_block_tokens(parent, tokens, self.cache_salt))
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.sampling_params.prompt_logprobs is not None

@@ -1,0 +1,241 @@
+"""Scheduler: which requests run this step, and how many tokens each (vLLM V1's policy).
+
+Every step it gives each running request, oldest first, the tokens it still lacks, then admits
+waiting requests in arrival order, all within a token budget and a sequence cap. A decode needs one
+token, a prefill as many as its budget allows (chunked prefill), and both share one batch. When the
+pool has no block for a running request, the newest running request is preempted: its blocks go
+back and it is recomputed from its tokens later, ahead of the other waiting requests.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from pagoda.runtime.core.kv.kv_cache_manager import KVCacheManager
+from pagoda.runtime.core.request import Request, RequestStatus
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    request: Request
+    num_tokens: int  # new tokens computed this step, starting at request.num_computed_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    # Scheduled ahead (see Scheduler.schedule_ahead): every request is one decode token past its
+    # num_computed_tokens, and that token is the previous step's sample, still on the device.
+    ahead: bool = False
+
+    @property
+    def total_num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(
+        self,
+        kv_cache_manager: KVCacheManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+    ):
+        self.kv = kv_cache_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.first_child: dict[str, Request] = {}  # parent id -> child 0, for n > 1 sharing
+        self.num_preemptions = 0
+
+    def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        if request.index == 0:
+            self.first_child[request.parent_id] = request
+        self.waiting.append(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        now = time.monotonic()
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while self.kv.allocate_slots(request, num_new) is None:
+                victim = self.running.pop()  # the newest running request
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is request:
+                    break
+            else:
+                out.scheduled.append(ScheduledRequest(request, num_new))
+                budget -= num_new
+                i += 1
+                continue
+            break
+
+        # A step that had to preempt admits nobody: the pool is already short.
+        if not out.preempted:
+            self._schedule_waiting(out, budget, now)
+        return out
+
+    def schedule_ahead(self, current: SchedulerOutput) -> SchedulerOutput | None:
+        """The next step, scheduled while `current` is still running on the GPU (vLLM's async
+        scheduling), or None when it cannot be known yet.
+
+        It is known when `current` is a pure decode step (every request samples one token) and no
+        request needs its history on the host to sample (penalties); while requests wait to be
+        admitted, only every other step is scheduled ahead.
+        The next step then runs the same requests, one token further, with the input ids taken
+        from `current`'s sampled ids on the device. Requests that `current` surely finishes by
+        length are left out; one that stops on a token or string wastes one row, whose token is
+        dropped. Slots are allocated now; when the pool is short it returns None and the normal
+        schedule (which may preempt) runs after `current` is read.
+        """
+        if current.preempted or not current.scheduled:
+            return None
+        if self.waiting and current.ahead:
+            # Admission happens in normal schedules only: with requests waiting, every other step
+            # is one, so none waits more than one step longer, and half the steps still overlap.
+            return None
+        nxt = SchedulerOutput(ahead=True)
+        for item in current.scheduled:
+            r = item.request
+            if r.is_finished:
+                continue  # stopped or aborted since `current` was scheduled
+            if item.num_tokens != 1 or r.num_computed_tokens + 1 != r.num_tokens:
+                return None
+            if r.sampling_params.needs_history:
+                return None
+            if self._reaches_length(r, pending=1):
+                continue  # `current` gives its last token
+            nxt.scheduled.append(ScheduledRequest(r, 1))
+        if not nxt.scheduled:
+            return None
+        # Room for the in-flight token and the next one, for all or none: a partial allocation
+        # would hold blocks a step early for requests that then run synchronously.
+        if sum(self.kv.num_new_blocks(item.request, 2) for item in nxt.scheduled) > self.kv.block_pool.num_free_blocks:
+            return None
+        for item in nxt.scheduled:
+            self.kv.allocate_slots(item.request, 2)
+            item.request.num_in_flight_tokens += 1
+        return nxt
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
+        held_back: list[Request] = []
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            source = self._sibling_source(request)
+            if source is False:
+                held_back.append(self.waiting.popleft())
+                continue
+            if source is not None and not self.kv.enable_caching:
+                computed_blocks, num_computed = self.kv.shared_prompt_blocks(source, request)
+            else:
+                computed_blocks, num_computed = self.kv.get_computed_blocks(request)
+            num_new = min(request.num_tokens - num_computed, budget)
+            if self.kv.allocate_slots(request, num_new, computed_blocks) is None:
+                break
+            self.waiting.popleft()
+            request.num_computed_tokens = num_computed
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_computed
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            out.scheduled.append(ScheduledRequest(request, num_new))
+            budget -= num_new
+        self.waiting.extendleft(reversed(held_back))
+
+    def _sibling_source(self, request: Request) -> Request | None | bool:
+        """For a later child of an n > 1 request: wait (False) until the first child has computed
+        the prompt, then borrow its blocks (the child); None when there is nothing to share."""
+        if request.index == 0 or request.num_output_tokens:
+            return None
+        first = self.first_child.get(request.parent_id)
+        if first is None or first.is_finished:
+            return None
+        if first.status == RequestStatus.RUNNING and first.num_computed_tokens >= first.num_prompt_tokens:
+            return first
+        return False
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+        """Advance each scheduled request, append its sampled token and apply token-level stops.
+
+        Returns the requests that produced a token this step; finished ones are already freed.
+        """
+        updated = []
+        for item in out.scheduled:
+            request = item.request
+            if out.ahead:
+                request.num_in_flight_tokens -= 1
+            if request.is_finished:
+                continue  # stopped or aborted after this step was scheduled ahead: drop its row
+            request.num_computed_tokens += item.num_tokens
+            token = sampled.get(request.request_id)
+            if token is None:
+                continue  # mid-prefill: no token yet
+            request.append_output_token(token)
+            updated.append(request)
+            if self._check_stop(request):
+                self.finish_request(request, request.status)
+        return updated
+
+    def _check_stop(self, request: Request) -> bool:
+        params = request.sampling_params
+        if request.num_output_tokens >= params.min_tokens:
+            last = request.output_token_ids[-1]
+            if not params.ignore_eos and last == request.eos_token_id:
+                request.status = RequestStatus.FINISHED_STOPPED
+                return True
+            if last in params.stop_token_ids:
+                request.status = RequestStatus.FINISHED_STOPPED
+                request.stop_reason = last
+                return True
+        if self._reaches_length(request):
+            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            return True
+        return False
+
+    def _reaches_length(self, request: Request, pending: int = 0) -> bool:
+        """Whether the request is at its length limit once `pending` more tokens are appended."""
+        return (request.num_output_tokens + pending >= request.max_tokens
+                or request.num_tokens + pending >= self.max_model_len)
+
+    def finish_request(self, request: Request, status: RequestStatus) -> None:
+        """Finish (or abort) a request wherever it is, and give its blocks back."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        request.status = status
+        self.kv.free(request)
+        self.requests.pop(request.request_id, None)
+        if self.first_child.get(request.parent_id) is request:
+            del self.first_child[request.parent_id]
+
+    def get_request(self, request_id: str) -> Request | None:
+        return self.requests.get(request_id)

@@ -1,0 +1,1 @@
+"""The frontend: tokenizer, detokenization, output processing, engine clients, `LLM` and the server."""

@@ -1,0 +1,151 @@
+"""LLM: offline batch inference, with vLLM's `LLM` interface so scripts can switch over."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from pagoda.runtime.core.engine import LLMEngine
+from pagoda.runtime.engine_args import EngineArgs
+from pagoda.runtime.frontend.outputs import RequestOutput
+from pagoda.runtime.frontend.tokenizer import apply_chat_template
+from pagoda.runtime.sampling_params import SamplingParams
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str,
+        dtype: str = "auto",
+        device: str = "auto",
+        max_model_len: int | None = None,
+        block_size: int = 16,
+        gpu_memory_utilization: float = 0.9,
+        num_kv_blocks: int | None = None,
+        max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        enable_prefix_caching: bool = True,
+        seed: int = 0,
+        load_format: str = "auto",
+        tensor_parallel_size: int = 1,
+        **kwargs,
+    ):
+        args = EngineArgs(
+            model=model,
+            dtype=dtype,
+            device=device,
+            max_model_len=max_model_len,
+            block_size=block_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            num_kv_blocks=num_kv_blocks,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_prefix_caching=enable_prefix_caching,
+            seed=seed,
+            load_format=load_format,
+            tensor_parallel_size=tensor_parallel_size,
+            **{"usage_context": "llm_class", **kwargs},
+        )
+        self.llm_engine = LLMEngine.from_engine_args(args)
+        self._counter = itertools.count()
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def shutdown(self) -> None:
+        """Stop tensor-parallel worker processes now (they also stop when the LLM is dropped)."""
+        self.llm_engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def generate(
+        self,
+        prompts: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]] | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        prompt_token_ids: Sequence[Sequence[int]] | None = None,
+    ) -> list[RequestOutput]:
+        texts, token_ids = self._normalize_prompts(prompts, prompt_token_ids)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            params = [sampling_params] * len(token_ids)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(token_ids):
+                raise ValueError(f"got {len(params)} sampling_params for {len(token_ids)} prompts")
+        return self._run(texts, token_ids, params, use_tqdm)
+
+    def chat(
+        self,
+        messages,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """One conversation (a list of {"role", "content"} dicts) or a list of them."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        tokenizer = self.get_tokenizer()
+        texts = [
+            apply_chat_template(tokenizer, c, chat_template, add_generation_prompt) for c in conversations
+        ]
+        # The template already holds any BOS token; the tokenizer must not add another.
+        ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        params = sampling_params or SamplingParams()
+        params = [params] * len(ids) if isinstance(params, SamplingParams) else list(params)
+        return self._run(texts, ids, params, use_tqdm)
+
+    def _normalize_prompts(self, prompts, prompt_token_ids) -> tuple[list[str | None], list[list[int]]]:
+        if prompt_token_ids is not None:
+            ids = [list(p) for p in prompt_token_ids]
+            return [None] * len(ids), ids
+        if prompts is None:
+            raise ValueError("give prompts or prompt_token_ids")
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        elif prompts and isinstance(prompts[0], int):
+            prompts = [prompts]
+        tokenizer = self.get_tokenizer()
+        texts, ids = [], []
+        for p in prompts:
+            if isinstance(p, str):
+                texts.append(p)
+                ids.append(tokenizer.encode(p))
+            elif isinstance(p, dict) and "prompt_token_ids" in p:
+                texts.append(p.get("prompt"))
+                ids.append(list(p["prompt_token_ids"]))
+            else:
+                texts.append(None)
+                ids.append(list(p))
+        return texts, ids
+
+    def _run(self, texts, token_ids, params, use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        order = {}
+        for text, ids, p in zip(texts, token_ids, params):
+            request_id = str(next(self._counter))
+            order[request_id] = len(order)
+            engine.add_request(request_id, text, ids, p)
+        bar = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(order), desc="Processed prompts", dynamic_ncols=True)
+        finished: dict[str, RequestOutput] = {}
+        try:
+            while engine.has_unfinished_requests():
+                # Only finished outputs are read here, so unfinished ones are not even built.
+                for out in engine.step(final_only=True):
+                    if out.finished and out.request_id in order:
+                        finished[out.request_id] = out
+                        if bar is not None:
+                            bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+        return sorted(finished.values(), key=lambda o: order[o.request_id])

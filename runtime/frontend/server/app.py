@@ -1,0 +1,174 @@
+"""The FastAPI app: OpenAI's routes, plus /tokenize, /detokenize, /health, /version and /metrics.
+
+`build_app(client, config)` wires an already-built engine client (tests hand in their own);
+`pagoda serve` builds the engine from flags first (server/cli.py).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.datastructures import Headers
+
+from pagoda.runtime.frontend.engine_client import EngineClient
+from pagoda.runtime.frontend.server.errors import APIError, bad_request, error_body, install_error_handlers
+from pagoda.runtime.frontend.server.metrics import ServerMetrics
+from pagoda.runtime.frontend.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from pagoda.runtime.frontend.server.serving import ClientDisconnected, ServerConfig
+from pagoda.runtime.frontend.server.serving_chat import ServingChat
+from pagoda.runtime.frontend.server.serving_completion import ServingCompletion
+
+# Documented on every OpenAI route, so that the OpenAPI schema (and fuzzers reading it) know them.
+ERROR_RESPONSES = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 429, 503)}
+RANDOM_WEIGHTS_NOTE = ("This checkpoint has RANDOM weights: its output is meaningless text. It exists to "
+                       "show the API working end to end.")
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("pagoda")
+    except Exception:
+        return "0.0.0"
+
+
+class GuardMiddleware:
+    """Pure ASGI (it must not buffer SSE): a body-size limit, and the API key on /v1 and tokenizer
+    routes. /health, /metrics and /version stay open for probes and scrapers."""
+
+    PROTECTED_EXACT = ("/tokenize", "/detokenize")
+
+    def __init__(self, app, api_key: str | None, max_body_bytes: int):
+        self.app = app
+        self.api_key = api_key.encode() if api_key else None
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            headers = Headers(scope=scope)
+            length = headers.get("content-length")
+            if length and length.isdigit() and int(length) > self.max_body_bytes:
+                return await _send_error(send, APIError(
+                    413, f"The request body is {length} bytes; the limit is {self.max_body_bytes}.",
+                    code="request_too_large"))
+            path = scope["path"]
+            if self.api_key is not None and scope["method"] != "OPTIONS" and (
+                    path.startswith("/v1/") or path == "/v1" or path in self.PROTECTED_EXACT):
+                auth = headers.get("authorization", "")
+                token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+                # compare_digest takes time independent of where the strings differ.
+                if not hmac.compare_digest(token.encode(), self.api_key):
+                    return await _send_error(send, APIError(
+                        401, "Incorrect or missing API key. Pass it as 'Authorization: Bearer <key>'.",
+                        code="invalid_api_key"))
+        await self.app(scope, receive, send)
+
+
+async def _send_error(send, err: APIError) -> None:
+    body = json.dumps(error_body(err.status, err.message, type=err.type, code=err.code)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if err.status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def build_app(client: EngineClient, config: ServerConfig, metrics: ServerMetrics | None = None) -> FastAPI:
+    if metrics is None:
+        metrics = ServerMetrics(config.served_model_names[0], client.stats)
+    client.metrics = metrics
+    client.max_queue_len = config.max_queue_len
+    completions = ServingCompletion(client, config)
+    chat = ServingChat(client, config)
+    tokenizer = client.tokenizer
+    started = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        if not client.is_alive and client.dead_reason is None:
+            client.start()
+        yield
+        await client.shutdown()
+
+    app = FastAPI(title="Pagoda", version=_version(), lifespan=lifespan,
+                  description="OpenAI-compatible API of the Pagoda runtime.")
+    app.state.client = client
+    app.state.metrics = metrics
+    app.state.config = config
+    install_error_handlers(app)
+    app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
+
+    @app.exception_handler(ClientDisconnected)
+    async def _gone(_: Request, __: ClientDisconnected):
+        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+
+    @app.get("/health")
+    async def health():
+        if not client.is_alive:
+            return JSONResponse(error_body(503, f"engine is down: {client.dead_reason}",
+                                           code="engine_unavailable"), status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/version")
+    async def version():
+        return {"version": _version()}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES)
+    async def models():
+        note = RANDOM_WEIGHTS_NOTE if config.random_weights else None
+        return ModelList(data=[
+            ModelCard(id=name, created=started, root=config.model_path, max_model_len=client.max_model_len,
+                      random_weights=config.random_weights, description=note,
+                      owned_by="pagoda (random weights)" if config.random_weights else "pagoda")
+            for name in config.served_model_names])
+
+    @app.post("/v1/completions", responses=ERROR_RESPONSES)
+    async def create_completion(req: CompletionRequest, raw: Request):
+        return await completions.create(req, raw)
+
+    @app.post("/v1/chat/completions", responses=ERROR_RESPONSES)
+    async def create_chat_completion(req: ChatCompletionRequest, raw: Request):
+        return await chat.create(req, raw)
+
+    @app.post("/tokenize", response_model=TokenizeResponse, responses=ERROR_RESPONSES)
+    async def tokenize(req: TokenizeRequest):
+        chat.check_model(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise bad_request("give exactly one of prompt or messages")
+        if req.messages is not None:
+            if not req.messages:
+                raise bad_request("messages must not be empty", param="messages")
+            text = chat.render(req.messages, req.add_generation_prompt)
+            ids = tokenizer(text, add_special_tokens=False).input_ids
+        else:
+            ids = tokenizer(req.prompt, add_special_tokens=req.add_special_tokens).input_ids
+        return TokenizeResponse(tokens=list(ids), count=len(ids), max_model_len=client.max_model_len)
+
+    @app.post("/detokenize", response_model=DetokenizeResponse, responses=ERROR_RESPONSES)
+    async def detokenize(req: DetokenizeRequest):
+        chat.check_model(req.model)
+        chat.check_token_ids(req.tokens, param="tokens")
+        return DetokenizeResponse(prompt=tokenizer.decode(req.tokens))
+
+    return app

@@ -1,0 +1,108 @@
+"""Turning the engine's cumulative outputs into stream deltas, and logprobs into OpenAI's shapes.
+
+The engine already holds back incomplete UTF-8 and cuts stop strings. The stream adds its own
+guard, because a delta once sent cannot be taken back: while a completion runs, it keeps back the
+last len(longest stop string) - 1 characters (they might turn out to start a stop string) and any
+trailing U+FFFD (half a character). Everything is released when the completion finishes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pagoda.runtime.frontend.server.protocol import CompletionLogprobs, TokenLogprob, TopLogprob
+
+
+@dataclass(slots=True)
+class ChoiceState:
+    """What one choice of a stream has already sent."""
+
+    text_sent: int = 0
+    tokens_sent: int = 0
+    text_offset: int = 0  # completions logprobs: characters of the token strings sent so far
+    started: bool = False
+    done: bool = False
+
+
+def holdback_for(stop: list[str], include_stop_str_in_output: bool) -> int:
+    if not stop or include_stop_str_in_output:
+        return 0
+    return max(len(s) for s in stop) - 1
+
+
+def next_text(state: ChoiceState, text: str, finished: bool, holdback: int) -> str:
+    """The new text that is safe to send now, and advance the state past it."""
+    end = len(text)
+    if not finished:
+        end -= holdback
+        while end > state.text_sent and text[end - 1] == "\ufffd":
+            end -= 1
+    if end <= state.text_sent:
+        return ""
+    delta = text[state.text_sent:end]
+    state.text_sent = end
+    return delta
+
+
+def token_text(tokenizer, token_id: int, logprob) -> str:
+    decoded = getattr(logprob, "decoded_token", None) if logprob is not None else None
+    return decoded if decoded is not None else tokenizer.decode([token_id])
+
+
+def completion_logprobs(tokenizer, token_ids, logprobs, num_top: int, text_offset: int = 0
+                        ) -> CompletionLogprobs:
+    """/v1/completions logprobs: parallel lists of tokens, their logprobs, top alternatives and
+    character offsets. A None entry (the first prompt token under echo) has no logprob."""
+    out = CompletionLogprobs()
+    for tid, entry in zip(token_ids, logprobs):
+        chosen = entry.get(tid) if entry else None
+        tok = token_text(tokenizer, tid, chosen)
+        out.tokens.append(tok)
+        out.text_offset.append(text_offset)
+        text_offset += len(tok)
+        if entry is None:
+            out.token_logprobs.append(None)
+            out.top_logprobs.append(None)
+            continue
+        out.token_logprobs.append(_finite(chosen.logprob) if chosen is not None else None)
+        top = sorted(entry.items(), key=lambda kv: _rank(kv[1]))
+        if num_top is not None:
+            top = [kv for kv in top if _rank(kv[1]) <= num_top or kv[0] == tid]
+        # Keyed by text, as OpenAI's format is: tokens that print alike (U+FFFD for partial bytes)
+        # share a key, and the more likely one keeps it.
+        alternatives: dict[str, float] = {}
+        for t, lp in top:
+            alternatives.setdefault(token_text(tokenizer, t, lp), _finite(lp.logprob))
+        out.top_logprobs.append(alternatives)
+    return out
+
+
+def chat_logprobs(tokenizer, token_ids, logprobs, num_top: int) -> list[TokenLogprob]:
+    """/v1/chat/completions logprobs.content: one entry per token with its top alternatives."""
+    content = []
+    for tid, entry in zip(token_ids, logprobs):
+        entry = entry or {}
+        chosen = entry.get(tid)
+        tok = token_text(tokenizer, tid, chosen)
+        top = sorted(entry.items(), key=lambda kv: _rank(kv[1]))[:num_top] if num_top else []
+        content.append(TokenLogprob(
+            token=tok,
+            logprob=_finite(chosen.logprob) if chosen is not None else -9999.0,
+            bytes=list(tok.encode("utf-8")),
+            top_logprobs=[_top(tokenizer, t, lp) for t, lp in top],
+        ))
+    return content
+
+
+def _top(tokenizer, token_id: int, lp) -> TopLogprob:
+    tok = token_text(tokenizer, token_id, lp)
+    return TopLogprob(token=tok, logprob=_finite(lp.logprob), bytes=list(tok.encode("utf-8")))
+
+
+def _rank(lp) -> int:
+    return lp.rank if lp.rank is not None else 1 << 30
+
+
+def _finite(x: float) -> float:
+    # -inf is not JSON; OpenAI uses -9999.0 for "impossible".
+    return max(float(x), -9999.0)

@@ -1,0 +1,1 @@
+"""Tools around the runtime: benchmarks, tiny random-weight checkpoints and the demo."""

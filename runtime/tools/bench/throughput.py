@@ -1,0 +1,201 @@
+"""`pagoda bench throughput`: offline throughput, W1 (8B) and W4 (0.5B), on Pagoda or the HF peer.
+
+The figure is output tokens divided by the wall time of the whole generation, after a warm-up,
+as BENCHMARKS.md defines it. `--backend hf` runs the same request list through transformers'
+static-batching `generate` (sdpa, left padding, batches in request order), so that the ratio between
+the two comes from one run on one machine.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from pagoda.runtime.tools.bench import workloads
+from pagoda.runtime.tools.bench.hf_peer import (
+    generate_batch,
+    load_hf_model,
+    peak_memory_gib,
+    reset_peak_memory,
+)
+from pagoda.runtime.tools.bench.results import command_line, write_result
+from pagoda.runtime.tools.bench.roofline import W1_PUBLISHED_ROOFLINE, offline_roofline
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--workload", default="W1", choices=sorted(workloads.WORKLOADS), help="W1 (8B) or W4 (0.5B)")
+    p.add_argument("--backend", default="pagoda", choices=["pagoda", "hf"])
+    p.add_argument("--model", default=None, help="w1, w4 (synthetic folder, random weights) or a model folder; "
+                   "default: the workload's model")
+    p.add_argument("--load-format", default="dummy", choices=["dummy", "auto", "safetensors"],
+                   help="dummy = random weights (the benchmark's definition)")
+    p.add_argument("--dtype", default="auto", help="auto = the config's torch_dtype (bf16 for w1/w4)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--num-prompts", type=int, default=None, help="cap the request count (first N of the draw)")
+    p.add_argument("--output-len", type=int, default=workloads.W1_OUTPUT_LEN)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup-prompts", type=int, default=None,
+                   help="requests in the warm-up run (default: as many as the timed run, so that every "
+                        "batch shape, and each Triton specialization, is met before the clock starts)")
+    p.add_argument("--warmup-tokens", type=int, default=16, help="output tokens per warm-up request")
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--hf-batch-size", type=int, default=64, help="static batch size of the HF peer")
+    p.add_argument("--gpu-busy", type=int, default=0, metavar="N",
+                   help="after the timed run, profile N more requests (another draw) for W4's GPU-busy share")
+    p.add_argument("--peer-result", default=None,
+                   help="the other backend's result JSON from the same run: adds ratio_to_peer")
+    p.add_argument("--out", default=None, help="result folder (default e2e/results)")
+
+
+def _engine_kwargs(args, model_path) -> dict:
+    return dict(
+        model=str(model_path),
+        load_format=args.load_format,
+        dtype=args.dtype,
+        device=args.device,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
+        seed=args.seed,
+    )
+
+
+def run_pagoda(args, model_path, requests) -> dict:
+    from pagoda.runtime.frontend.llm import LLM
+    from pagoda.runtime.sampling_params import SamplingParams
+
+    llm = LLM(**_engine_kwargs(args, model_path))
+    warm = warmup_requests(args, len(requests))
+    if warm:
+        llm.generate([{"prompt_token_ids": r.prompt_token_ids} for r in warm],
+                     SamplingParams(temperature=0, max_tokens=args.warmup_tokens, ignore_eos=True), use_tqdm=False)
+    _sync()
+    params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+    prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=True)
+    _sync()
+    elapsed = time.perf_counter() - start
+    output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    stats = llm.llm_engine.stats()  # counters include the warm-up
+    extra = {"num_preemptions": stats.num_preemptions, "kv_capacity_tokens": stats.kv_capacity_tokens}
+    if args.gpu_busy:
+        from pagoda.runtime.tools.bench.gpu_busy import measure_gpu_busy
+
+        # Fresh draws: the timed prompts are in the prefix cache now.
+        again = workloads.offline_requests(args.gpu_busy, args.output_len, seed=args.seed + 2)
+        warm_again = workloads.offline_requests(args.gpu_busy, args.warmup_tokens, seed=args.seed + 3)
+
+        def generate(reqs, max_tokens):
+            sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+            llm.generate([{"prompt_token_ids": r.prompt_token_ids} for r in reqs], sp, use_tqdm=False)
+
+        extra.update(measure_gpu_busy(lambda: generate(again, args.output_len),
+                                      lambda: generate(warm_again, args.warmup_tokens)))
+        extra["gpu_busy_num_prompts"] = args.gpu_busy
+    return {"elapsed_s": elapsed, "output_tokens": output_tokens, **extra}
+
+
+def warmup_requests(args, num_timed: int):
+    """Drawn like the workload but from another seed: reusing its prompts would hand the timed run
+    prefix-cache hits."""
+    count = num_timed if args.warmup_prompts is None else args.warmup_prompts
+    return workloads.offline_requests(count, args.warmup_tokens, seed=args.seed + 1)
+
+
+def _sync() -> None:
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def run_hf(args, model_path, requests) -> dict:
+    model, device = load_hf_model(model_path, args.load_format, args.dtype, args.device)
+    warm = [r.prompt_token_ids for r in warmup_requests(args, len(requests))[: args.hf_batch_size]]
+    if warm:
+        generate_batch(model, device, warm, args.warmup_tokens)
+    _sync()
+    reset_peak_memory()
+    start = time.perf_counter()
+    output_tokens = 0
+    for i in range(0, len(requests), args.hf_batch_size):
+        batch = [r.prompt_token_ids for r in requests[i: i + args.hf_batch_size]]
+        output_tokens += generate_batch(model, device, batch, args.output_len)
+    _sync()
+    elapsed = time.perf_counter() - start
+    return {"elapsed_s": elapsed, "output_tokens": output_tokens, "hf_batch_size": args.hf_batch_size,
+            "peak_memory_gib": peak_memory_gib()}
+
+
+def run(args) -> int:
+    model_path = workloads.resolve_model(args.model or workloads.WORKLOAD_MODEL[args.workload])
+    requests = workloads.WORKLOADS[args.workload](args.seed)
+    full_count = len(requests)
+    if args.num_prompts is not None:
+        requests = requests[: args.num_prompts]
+    runner = run_pagoda if args.backend == "pagoda" else run_hf
+    measured = runner(args, model_path, requests)
+    config = workloads.load_config(model_path)
+    tok_per_s = measured["output_tokens"] / measured["elapsed_s"]
+    roof = offline_roofline(config, [len(r.prompt_token_ids) for r in requests], args.output_len)
+    record = {
+        "workload": args.workload,
+        "backend": args.backend,
+        "command": command_line(args),
+        "model": str(args.model or workloads.WORKLOAD_MODEL[args.workload]),
+        "num_prompts": len(requests),
+        "workload_num_prompts": full_count,
+        "capped": len(requests) < full_count,
+        "output_len": args.output_len,
+        "prompt_tokens": roof.prompt_tokens,
+        "output_tokens_per_s": tok_per_s,
+        "roofline_output_tokens_per_s": roof.output_tokens_per_s,
+        "ratio_to_roofline": tok_per_s / roof.output_tokens_per_s,
+        "roofline": roof.to_dict(),
+        **measured,
+    }
+    if args.peer_result:
+        peer = json.loads(Path(args.peer_result).read_text())
+        record["peer"] = {k: peer.get(k) for k in ("backend", "output_tokens_per_s", "num_prompts", "hf_batch_size")}
+        record["peer_result"] = Path(args.peer_result).name
+        record["ratio_to_peer"] = tok_per_s / peer["output_tokens_per_s"]
+        print(f"{args.backend} / {peer['backend']}: {record['ratio_to_peer']:.2f}x")
+    if args.workload == "W1" and not record["capped"]:
+        record["published_roofline_output_tokens_per_s"] = W1_PUBLISHED_ROOFLINE
+        record["ratio_to_published_roofline"] = tok_per_s / W1_PUBLISHED_ROOFLINE
+    print(f"{args.workload} {args.backend}: {record['output_tokens']} output tokens in {record['elapsed_s']:.2f} s "
+          f"= {tok_per_s:,.1f} tok/s; roofline {roof.output_tokens_per_s:,.0f} tok/s "
+          f"({record['ratio_to_roofline']:.1%})")
+    write_result(record, args.out, plot=plot_throughput)
+    return 0
+
+
+def plot_throughput(record: dict, png_path) -> None:
+    import matplotlib.pyplot as plt
+
+    labels = [f"{record['backend']}", "roofline"]
+    values = [record["output_tokens_per_s"], record["roofline_output_tokens_per_s"]]
+    colors = ["tab:blue", "tab:gray"]
+    if record.get("peer"):
+        labels.insert(1, f"{record['peer']['backend']} (peer)")
+        values.insert(1, record["peer"]["output_tokens_per_s"])
+        colors.insert(1, "tab:orange")
+    fig, ax = plt.subplots(figsize=(5, 4))
+    bars = ax.bar(labels, values, color=colors)
+    ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values])
+    ax.set_ylabel("output tokens / s")
+    ax.set_title(f"{record['workload']} offline throughput on {record['gpu']}\n"
+                 f"{record['num_prompts']} requests x {record['output_len']} tokens, "
+                 f"{record['ratio_to_roofline']:.1%} of roofline", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+    plt.close(fig)

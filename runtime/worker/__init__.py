@@ -1,0 +1,1 @@
+"""The worker: the model runner (batch tensors, forward, CUDA graphs, sampling) and its executors."""

@@ -1,0 +1,247 @@
+"""A step's model inputs: built on the host with numpy, sent in one copy, kept in fixed buffers.
+
+InputBuffers are the device tensors the model reads (input_ids, positions, slot_mapping,
+block_tables, seq_lens, query_start_loc, logits_indices). They are allocated once, so a CUDA
+graph captured over them stays valid. BatchBuilder writes each step's metadata into a pinned host
+staging array, copies the used prefix to the device in one H2D copy, and scatters it into the
+buffers with device copies. Nothing is read back, so building a batch never waits for the GPU.
+
+Block tables change little from step to step, so the builder keeps each request's block ids and
+a persistent host table, and rewrites a row only when its owner or length changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from pagoda.runtime.core.kv.kv_cache_manager import KVCacheManager
+from pagoda.runtime.core.request import Request
+from pagoda.runtime.core.scheduler import SchedulerOutput
+
+
+class InputBuffers:
+    def __init__(self, max_tokens: int, max_seqs: int, max_blocks: int, device: torch.device):
+        self.max_tokens, self.max_seqs, self.max_blocks = max_tokens, max_seqs, max_blocks
+        self.device = device
+        i32, i64 = torch.int32, torch.int64
+        self.input_ids = torch.zeros(max_tokens, dtype=i64, device=device)
+        self.positions = torch.zeros(max_tokens, dtype=i64, device=device)
+        self.slot_mapping = torch.full((max_tokens,), -1, dtype=i64, device=device)
+        self.seq_lens = torch.zeros(max_seqs, dtype=i32, device=device)
+        self.query_start_loc = torch.zeros(max_seqs + 1, dtype=i32, device=device)
+        self.block_tables = torch.zeros(max_seqs, max_blocks, dtype=i32, device=device)
+        self.logits_indices = torch.zeros(max_seqs, dtype=i64, device=device)
+        stage = 3 * max_tokens + 3 * max_seqs + 1 + max_seqs * max_blocks
+        pin = device.type == "cuda"
+        # Two host stages, used in turn: a step may not sync at all (a prefill chunk samples
+        # nothing), so the stage written now must not be one whose copy may still be in flight.
+        self.host_stages = [torch.zeros(stage, dtype=i32, pin_memory=pin) for _ in range(2)]
+        self.copy_done = [torch.cuda.Event() if pin else None for _ in range(2)]
+        self.device_stage = torch.zeros(stage, dtype=i32, device=device)
+        self.turn = 0
+
+    def reset_padding(self) -> None:
+        """Inputs that are safe for any batch size: token 0 at position 0, writing and reading
+        nothing. Graph capture runs on these."""
+        self.input_ids.zero_()
+        self.positions.zero_()
+        self.slot_mapping.fill_(-1)
+        self.seq_lens.zero_()
+        self.query_start_loc.copy_(torch.arange(self.max_seqs + 1, dtype=torch.int32))
+
+    def next_stage(self) -> np.ndarray:
+        self.turn ^= 1
+        event = self.copy_done[self.turn]
+        if event is not None:
+            event.synchronize()  # the copy from two steps ago; long done in practice
+        return self.host_stages[self.turn].numpy()
+
+    def send(self, layout: StageLayout) -> None:
+        """One H2D copy of the used prefix of the stage, then device-side scatters into place."""
+        n = layout.end
+        self.device_stage[:n].copy_(self.host_stages[self.turn][:n], non_blocking=True)
+        if self.copy_done[self.turn] is not None:
+            self.copy_done[self.turn].record()
+        d, t, s = self.device_stage, layout.tokens, layout.seqs
+        self.input_ids[:t].copy_(d[layout.ids : layout.ids + t])
+        self.positions[:t].copy_(d[layout.pos : layout.pos + t])
+        self.slot_mapping[:t].copy_(d[layout.slots : layout.slots + t])
+        self.seq_lens[:s].copy_(d[layout.seq_lens : layout.seq_lens + s])
+        self.query_start_loc[: s + 1].copy_(d[layout.qsl : layout.qsl + s + 1])
+        if layout.num_logits:
+            self.logits_indices[: layout.num_logits].copy_(d[layout.logits : layout.logits + layout.num_logits])
+        rows, width = layout.table_rows, layout.table_width
+        if rows and width:
+            self.block_tables[:rows, :width].copy_(d[layout.table : layout.table + rows * width].view(rows, width))
+
+
+@dataclass(slots=True)
+class StageLayout:
+    """Offsets of each field in the staging array, for `tokens` (padded) rows and `seqs` seqs."""
+
+    tokens: int
+    seqs: int
+    num_logits: int
+    table_rows: int
+    table_width: int
+    ids: int = 0
+    pos: int = 0
+    slots: int = 0
+    seq_lens: int = 0
+    qsl: int = 0
+    logits: int = 0
+    table: int = 0
+    end: int = 0
+
+    def __post_init__(self) -> None:
+        self.pos = self.ids + self.tokens
+        self.slots = self.pos + self.tokens
+        self.seq_lens = self.slots + self.tokens
+        self.qsl = self.seq_lens + self.seqs
+        self.logits = self.qsl + self.seqs + 1
+        self.table = self.logits + self.num_logits
+        self.end = self.table + self.table_rows * self.table_width
+
+
+@dataclass(slots=True)
+class StepBatch:
+    num_tokens: int  # real tokens
+    num_seqs: int  # real sequences
+    padded_seqs: int  # what the model runs on: a graph bucket for decode, else num_seqs
+    padded_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    num_decode_seqs: int = 0  # the leading one-token sequences of a mixed step
+    sample_requests: list[Request] = field(default_factory=list)
+    sample_all_rows: bool = False  # the sampled rows are exactly rows 0..num_seqs-1, in order
+    # (request, first hidden row, first and last+1 prompt position it predicts) for prompt logprobs
+    prompt_rows: list[tuple[Request, int, int, int]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Blocks:
+    """One request's block ids, mirrored from the KV manager's list while that list lives."""
+
+    source: list  # the KV manager's block list for the request (the same object until freed)
+    ids: list[int]
+
+
+class BatchBuilder:
+    def __init__(self, buffers: InputBuffers, block_size: int):
+        self.buffers = buffers
+        self.block_size = block_size
+        self.table = np.zeros((buffers.max_seqs, buffers.max_blocks), dtype=np.int32)
+        self.row_owner: list[_Blocks | None] = [None] * buffers.max_seqs
+        self.row_len = [0] * buffers.max_seqs
+        self.blocks: dict[str, _Blocks] = {}
+
+    def _block_ids(self, r: Request, kv: KVCacheManager) -> _Blocks:
+        # Read the manager's own list: get_block_ids would rebuild every id list every step.
+        source = kv.req_to_blocks.get(r.request_id, [])
+        entry = self.blocks.get(r.request_id)
+        if entry is None or entry.source is not source:
+            entry = self.blocks[r.request_id] = _Blocks(source, [b.block_id for b in source])
+        elif len(entry.ids) < len(source):
+            entry.ids.extend(b.block_id for b in source[len(entry.ids) :])
+        return entry
+
+    def _forget_finished(self, live: set[str]) -> None:
+        if len(self.blocks) > 2 * self.buffers.max_seqs + 64:
+            self.blocks = {k: v for k, v in self.blocks.items() if k in live}
+
+    def build(self, sched: SchedulerOutput, kv: KVCacheManager, pad_seqs: int | None) -> StepBatch:
+        """Write the step's inputs into the buffers. pad_seqs (decode steps only) pads the batch
+        to that many one-token sequences."""
+        scheduled = sched.scheduled
+        # One-token rows first, so attention can send them to the decode kernel as one slice.
+        decodes = [s for s in scheduled if s.num_tokens == 1]
+        if 0 < len(decodes) < len(scheduled):
+            scheduled = decodes + [s for s in scheduled if s.num_tokens != 1]
+        bs = self.block_size
+        num_seqs = len(scheduled)
+        num_tokens = sum(s.num_tokens for s in scheduled)
+        padded = pad_seqs or num_seqs
+        padded_tokens = num_tokens + (padded - num_seqs)
+        entries = [self._block_ids(s.request, kv) for s in scheduled]
+        width = max(len(e.ids) for e in entries)
+
+        # A step scheduled ahead runs one token past what the requests have computed and hold:
+        # that token is still in flight, and the runner copies it into input_ids on the device.
+        ahead = int(sched.ahead)
+        # Sampled rows first, on the host: whether they are all rows decides the layout.
+        batch = StepBatch(num_tokens, num_seqs, padded, padded_tokens, 0, 0)
+        logits_rows: list[int] = []
+        seq_lens: list[int] = []
+        row0 = 0
+        for item in scheduled:
+            r, start = item.request, item.request.num_computed_tokens + ahead
+            end = start + item.num_tokens
+            seq_lens.append(end)
+            if end == r.num_tokens + ahead:
+                logits_rows.append(row0 + item.num_tokens - 1)
+                batch.sample_requests.append(r)
+            if r.wants_prompt_logprobs:
+                # Row p predicts prompt token p + 1; take the ones not reported yet.
+                first = max(start + 1, 1 + len(r.prompt_logprobs))
+                last = min(end + 1, r.num_prompt_tokens)
+                if first < last:
+                    batch.prompt_rows.append((r, row0 + first - 1 - start, first, last))
+            row0 += item.num_tokens
+        batch.max_query_len = max(s.num_tokens for s in scheduled)
+        batch.num_decode_seqs = len(decodes)
+        batch.max_seq_len = max(seq_lens)
+        batch.sample_all_rows = len(logits_rows) == num_seqs == num_tokens
+        layout = StageLayout(
+            padded_tokens, padded, 0 if batch.sample_all_rows else len(logits_rows), num_seqs, width
+        )
+        st = self.buffers.next_stage()
+        ids = st[layout.ids : layout.ids + padded_tokens]
+        pos = st[layout.pos : layout.pos + padded_tokens]
+        slots = st[layout.slots : layout.slots + padded_tokens]
+        qsl = st[layout.qsl : layout.qsl + padded + 1]
+
+        row0 = 0
+        qsl[0] = 0
+        for i, (item, entry) in enumerate(zip(scheduled, entries)):
+            r, n = item.request, item.num_tokens
+            start = r.num_computed_tokens + ahead
+            table = entry.ids
+            if n == 1:  # decode: scalar work beats numpy's per-call overhead
+                num_prompt = r.num_prompt_tokens
+                if ahead:
+                    ids[row0] = 0  # placeholder for the in-flight token
+                elif start < num_prompt:
+                    ids[row0] = r.prompt_token_ids[start]
+                else:
+                    ids[row0] = r.output_token_ids[start - num_prompt]
+                pos[row0] = start
+                slots[row0] = table[start // bs] * bs + start % bs
+            else:
+                p = np.arange(start, start + n)
+                ids[row0 : row0 + n] = r.token_ids_slice(start, start + n)
+                pos[row0 : row0 + n] = p
+                slots[row0 : row0 + n] = np.asarray(table, dtype=np.int64)[p // bs] * bs + p % bs
+            row0 += n
+            qsl[i + 1] = row0
+            if self.row_owner[i] is not entry:
+                self.table[i, : len(table)] = table
+                self.row_owner[i] = entry
+            elif self.row_len[i] < len(table):
+                self.table[i, self.row_len[i] : len(table)] = table[self.row_len[i] :]
+            self.row_len[i] = len(table)
+        st[layout.seq_lens : layout.seq_lens + num_seqs] = seq_lens
+        # Padding rows: token 0 at position 0, no cache write, an empty context, one query row each.
+        ids[num_tokens:] = 0
+        pos[num_tokens:] = 0
+        slots[num_tokens:] = -1
+        st[layout.seq_lens + num_seqs : layout.seq_lens + padded] = 0
+        qsl[num_seqs + 1 :] = np.arange(num_tokens + 1, padded_tokens + 1)
+        if layout.num_logits:
+            st[layout.logits : layout.logits + layout.num_logits] = logits_rows
+        st[layout.table : layout.end].reshape(num_seqs, width)[:] = self.table[:num_seqs, :width]
+        self.buffers.send(layout)
+        self._forget_finished({s.request.request_id for s in scheduled})
+        return batch

@@ -1,0 +1,301 @@
+"""ModelRunner: owns the model and its KV cache, and turns a SchedulerOutput into sampled tokens.
+
+Per step the BatchBuilder writes the scheduled requests' inputs (input_ids, positions,
+slot_mapping, block_tables, seq_lens, query_start_loc) into persistent buffers with one host to
+device copy. A decode step (one token per request) is padded to a captured batch size and
+replayed as a CUDA graph; any other step runs eagerly over views of the same buffers. Logits are
+computed only for rows that end a request's known tokens (plus prompt rows asked for prompt
+logprobs), and the sampler reads back nothing but the sampled ids.
+
+`launch` enqueues the step and starts a non-blocking copy of the sampled ids into pinned host
+memory; `PendingStep.wait` is the step's one wait on the GPU. Between the two the engine does the
+previous step's host work (detokenization, outputs) while the GPU runs this one, and may launch
+the next decode step ahead, fed on the device with this step's sampled ids.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from pagoda.kernels import ops
+from pagoda.runtime.core.kv.kv_cache_manager import KVCacheManager
+from pagoda.runtime.core.request import Request
+from pagoda.runtime.core.scheduler import SchedulerOutput
+from pagoda.runtime.model_config import ModelConfig
+from pagoda.runtime.worker.attention_context import AttentionContext, attention_context
+from pagoda.runtime.worker.cuda_graphs import DecodeGraphs, capture_sizes, padded_size
+from pagoda.runtime.worker.input_batch import BatchBuilder, InputBuffers, StepBatch
+from pagoda.runtime.worker.model_loader import TORCH_DTYPES, load_model
+from pagoda.runtime.worker.sampler import Sampler, TokenLogprobs, gather_logprobs, index_on
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ModelRunnerOutput:
+    sampled: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class PendingStep:
+    """A launched step whose sampled ids may still be on their way to the host."""
+
+    out: ModelRunnerOutput
+    requests: list[Request] = field(default_factory=list)  # the sampled rows, in order
+    token_ids: torch.Tensor | None = None  # host tensor, complete once `done` has fired
+    done: torch.cuda.Event | None = None
+    device_token_ids: torch.Tensor | None = None  # the same ids on the device, for a step ahead
+
+    def wait(self) -> ModelRunnerOutput:
+        if self.token_ids is not None:
+            if self.done is not None:
+                self.done.synchronize()
+            sampled = self.out.sampled
+            for r, token in zip(self.requests, self.token_ids.tolist()):
+                sampled[r.request_id] = token
+            self.token_ids = None
+        return self.out
+
+
+class ModelRunner:
+    supports_ahead = True  # launch() can feed a step's input ids from the previous step's samples
+
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        device: torch.device,
+        load_format: str,
+        seed: int,
+        *,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        enforce_eager: bool = False,
+    ):
+        self.model_config = model_config
+        self.device = device
+        self.dtype = TORCH_DTYPES[model_config.dtype]
+        torch.manual_seed(seed)
+        self.model = load_model(model_config, device, load_format, seed)
+        self.sampler = Sampler(model_config.vocab_size, device, seed)
+        self.max_num_seqs = max_num_seqs
+        self.max_num_tokens = max(max_num_batched_tokens, max_num_seqs)
+        self.enforce_eager = enforce_eager
+        # Decode batches are padded to these sizes; on CUDA each one is a captured graph.
+        self.graph_sizes = [] if enforce_eager else capture_sizes(max_num_seqs)
+        self.kv_cache: torch.Tensor | None = None
+        self.block_size = 16
+        self.buffers: InputBuffers | None = None
+        self.builder: BatchBuilder | None = None
+        self.graphs: DecodeGraphs | None = None
+        # Landing places of the sampled ids, used in turn: with a step scheduled ahead, step N + 1
+        # is launched before step N's ids are read.
+        pin = device.type == "cuda"
+        self.sampled_host = [torch.zeros(max_num_seqs, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self.sampled_done = [torch.cuda.Event() if pin else None for _ in range(2)]
+        self.sampled_turn = 0
+
+    def weight_bytes(self) -> int:
+        seen, total = set(), 0
+        for p in self.model.parameters():
+            if p.data_ptr() not in seen:
+                seen.add(p.data_ptr())
+                total += p.numel() * p.element_size()
+        return total
+
+    def _bind_kv_cache(self, num_blocks: int, block_size: int) -> None:
+        cfg = self.model_config
+        layers = self.model.attention_layers()
+        kv_heads = layers[0].num_kv_heads
+        shape = (2, len(layers), num_blocks, block_size, kv_heads, cfg.head_dim)
+        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.block_size = block_size
+        for i, layer in enumerate(layers):
+            layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> None:
+        """Bind the pool, make the persistent input buffers and, on CUDA, capture the graphs."""
+        self._bind_kv_cache(num_blocks, block_size)
+        max_len = self.model_config.max_model_len
+        max_blocks = -(-max_len // block_size)
+        self.buffers = InputBuffers(self.max_num_tokens, self.max_num_seqs, max_blocks, self.device)
+        self.builder = BatchBuilder(self.buffers, block_size)
+        if self.graph_sizes:
+            self.graphs = DecodeGraphs(self.model, self.buffers, self.graph_sizes, max_len)
+            if self.device.type == "cuda":
+                self.graphs.capture()
+
+    @torch.inference_mode()
+    def profile_peak_activation_bytes(self, num_tokens: int, max_model_len: int) -> int:
+        """Run one forward of num_tokens (in sequences of at most max_model_len) and a worst-case
+        sampling of max_num_seqs rows on a scratch KV cache, and return the peak memory they
+        needed beyond the weights and that cache. With CUDA graphs, add the peak of a decode
+        forward at the largest bucket: the graphs keep that much in their own pool."""
+        if self.device.type != "cuda":
+            return 0
+        dev = self.device
+        seq_len = min(num_tokens, max_model_len)
+        num_seqs = -(-num_tokens // seq_len)
+        blocks_per_seq = -(-seq_len // 16)
+        self._bind_kv_cache(num_seqs * blocks_per_seq, 16)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        ids = torch.zeros(num_seqs * seq_len, dtype=torch.long, device=dev)
+        positions = torch.arange(seq_len, device=dev).repeat(num_seqs)
+        tables = torch.arange(num_seqs * blocks_per_seq, dtype=torch.int32, device=dev)
+        ctx = AttentionContext(
+            slot_mapping=torch.arange(num_seqs * seq_len, device=dev)
+            .view(num_seqs, seq_len)
+            .add(torch.arange(num_seqs, device=dev)[:, None] * (blocks_per_seq * 16 - seq_len))
+            .flatten(),
+            block_tables=tables.view(num_seqs, blocks_per_seq),
+            seq_lens=torch.full((num_seqs,), seq_len, dtype=torch.int32, device=dev),
+            query_start_loc=torch.arange(0, num_seqs + 1, dtype=torch.int32, device=dev) * seq_len,
+            max_query_len=seq_len,
+            max_seq_len=seq_len,
+        )
+        with attention_context(ctx):
+            hidden = self.model(ids, positions)
+        rows = torch.arange(self.max_num_seqs, device=dev) % hidden.shape[0]
+        self._profile_sampling(self.model.compute_logits(hidden[rows]))
+        del hidden
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+        graph_peak = self._profile_decode(max_model_len) if self.graph_sizes else 0
+        self.kv_cache = None
+        for layer in self.model.attention_layers():
+            layer.k_cache = layer.v_cache = torch.empty(0)
+        torch.cuda.empty_cache()
+        logger.info("profiled activations: %.0f MiB eager, %.0f MiB for decode graphs",
+                    peak / 2**20, graph_peak / 2**20)
+        return int(peak + graph_peak)
+
+    def _profile_sampling(self, logits: torch.Tensor) -> None:
+        n, dev = logits.shape[0], logits.device
+        ops.sample(
+            logits,
+            torch.ones(n, device=dev),
+            torch.full((n,), 50, dtype=torch.int64, device=dev),
+            torch.full((n,), 0.9, device=dev),
+            torch.full((n,), 0.05, device=dev),
+            torch.zeros(n, dtype=torch.int64, device=dev),
+            torch.zeros(n, dtype=torch.int64, device=dev),
+            need_cutoffs=True,
+        )
+
+    def _profile_decode(self, max_model_len: int) -> int:
+        size, dev = self.graph_sizes[-1], self.device
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        ctx = AttentionContext(
+            slot_mapping=torch.full((size,), -1, dtype=torch.long, device=dev),
+            block_tables=torch.zeros(size, 1, dtype=torch.int32, device=dev),
+            seq_lens=torch.zeros(size, dtype=torch.int32, device=dev),
+            query_start_loc=torch.arange(size + 1, dtype=torch.int32, device=dev),
+            max_query_len=1,
+            max_seq_len=max_model_len,
+        )
+        with attention_context(ctx):
+            self.model(torch.zeros(size, dtype=torch.long, device=dev), torch.zeros_like(ctx.slot_mapping))
+        torch.cuda.synchronize()
+        return int(torch.cuda.max_memory_allocated() - base)
+
+    def _forward(
+        self, sched: SchedulerOutput, kv: KVCacheManager, previous: PendingStep | None
+    ) -> tuple[StepBatch, torch.Tensor]:
+        num_seqs = len(sched.scheduled)
+        is_decode = sched.total_num_tokens == num_seqs  # one query token per request
+        pad = padded_size(num_seqs, self.graph_sizes) if is_decode and self.graphs else None
+        batch = self.builder.build(sched, kv, pad)
+        if sched.ahead:
+            self._feed_in_flight_tokens(sched, previous)
+        if pad is not None:
+            return batch, self.graphs.run(pad)
+        hidden = self.forward_eager(batch.num_tokens, batch.num_seqs, batch.max_query_len, batch.max_seq_len,
+                                    batch.num_decode_seqs)
+        return batch, hidden
+
+    def _feed_in_flight_tokens(self, sched: SchedulerOutput, previous: PendingStep | None) -> None:
+        """Input ids of a step scheduled ahead: the previous step's sampled ids, copied on the
+        device (stream order puts the copy after the sampling that makes them)."""
+        if previous is None or previous.device_token_ids is None:
+            raise RuntimeError("a step scheduled ahead needs the launched step it follows")
+        requests, src = [item.request for item in sched.scheduled], previous.device_token_ids
+        n = len(requests)
+        if requests == previous.requests[:n]:  # the same rows in the same order (identity)
+            self.buffers.input_ids[:n].copy_(src[:n])
+        else:  # some requests finished in the previous step
+            rows = {id(r): i for i, r in enumerate(previous.requests)}
+            # Not a blocking copy: that would wait for the step in flight, the very wait that
+            # scheduling ahead removes.
+            self.buffers.input_ids[:n].copy_(src[index_on(src.device, [rows[id(r)] for r in requests])])
+
+    def forward_eager(
+        self, num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int, num_decode_seqs: int = 0
+    ):
+        """The model over the first num_tokens/num_seqs rows of the persistent buffers, no graph.
+        Tensor-parallel workers call it too, so every rank runs the same forward."""
+        b, t, s = self.buffers, num_tokens, num_seqs
+        ctx = AttentionContext(
+            slot_mapping=b.slot_mapping[:t],
+            block_tables=b.block_tables[:s],
+            seq_lens=b.seq_lens[:s],
+            query_start_loc=b.query_start_loc[: s + 1],
+            max_query_len=max_query_len,
+            max_seq_len=max_seq_len,
+            num_decode_seqs=num_decode_seqs,
+        )
+        with attention_context(ctx):
+            return self.model(b.input_ids[:t], b.positions[:t])
+
+    def execute(self, sched: SchedulerOutput, kv: KVCacheManager) -> ModelRunnerOutput:
+        return self.launch(sched, kv).wait()
+
+    @torch.inference_mode()
+    def launch(
+        self, sched: SchedulerOutput, kv: KVCacheManager, previous: PendingStep | None = None
+    ) -> PendingStep:
+        """Enqueue the step's forward and sampling; the sampled ids come with `wait()`. A step
+        scheduled ahead (sched.ahead) takes its input ids from `previous`, the step it follows."""
+        batch, hidden = self._forward(sched, kv, previous)
+        pending = PendingStep(ModelRunnerOutput())
+        out = pending.out
+        to_sample = batch.sample_requests
+        if to_sample:
+            if batch.sample_all_rows:
+                rows = hidden[: batch.num_seqs]
+            else:
+                rows = hidden[self.buffers.logits_indices[: len(to_sample)]]
+            logits = self.model.compute_logits(rows)
+            tokens, logprobs = self.sampler.sample(logits, to_sample, pending=int(sched.ahead))
+            for r, lp in zip(to_sample, logprobs):
+                if lp is not None:
+                    out.logprobs[r.request_id] = lp
+            pending.requests, pending.device_token_ids = to_sample, tokens
+            turn = self.sampled_turn = self.sampled_turn ^ 1
+            done = self.sampled_done[turn]
+            if done is not None and tokens.is_cuda:
+                host = self.sampled_host[turn][: len(to_sample)]
+                host.copy_(tokens, non_blocking=True)
+                done.record()
+                pending.token_ids, pending.done = host, done
+            else:
+                pending.token_ids = tokens.cpu()
+        for r, row, first, last in batch.prompt_rows:
+            out.prompt_logprobs[r.request_id] = self._prompt_logprobs(hidden, r, row, first, last)
+        return pending
+
+    def _prompt_logprobs(
+        self, hidden: torch.Tensor, r: Request, row: int, first: int, last: int
+    ) -> list[TokenLogprobs]:
+        targets = r.prompt_token_ids[first:last]
+        logits = self.model.compute_logits(hidden[row : row + len(targets)]).float()
+        ids = torch.tensor(targets, device=logits.device)
+        k = r.sampling_params.prompt_logprobs
+        return gather_logprobs(torch.log_softmax(logits, dim=-1), ids, [k] * len(targets))
