@@ -2,7 +2,8 @@
 
 from setuptools import find_namespace_packages, find_packages, setup
 
-PARTS = {"runtime": "pagoda.runtime", "kernels": "pagoda.kernels", "operator": "pagoda.operator"}
+PARTS = {"runtime": "pagoda.runtime", "kernels": "pagoda.kernels", "operator": "pagoda.operator",
+         "router": "pagoda.router"}
 
 package_dir = {}
 packages = []

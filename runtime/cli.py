@@ -15,6 +15,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("pagoda.runtime.tools.bench.cli", "Benchmarks: throughput (W1), latency (W2), serve (W3)."),
     "tiny-model": ("pagoda.runtime.tools.tiny_models", "Write a tiny random-weight checkpoint."),
     "operator": ("pagoda.operator.main", "Run the Kubernetes operator."),
+    "router": ("pagoda.router.cli", "Route OpenAI requests by model to many ModelServers."),
 }
 
 
