@@ -10,9 +10,9 @@ API server validates them again when the operator writes the Deployment.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from pagoda.operator.schema_base import Model
 from pagoda.operator.status_schema import ModelServerStatus
@@ -179,6 +179,31 @@ class ScalingSpec(Model):
     )
 
 
+class LoadBalancingSpec(Model):
+    """How `pagoda router` spreads this ModelServer's requests over its ready replicas."""
+
+    strategy: Literal["LeastLoad", "PrefixHash", "RoundRobin"] = Field(
+        default="LeastLoad",
+        description="LeastLoad: the replica with the fewest running, waiting and in-flight requests. "
+        "PrefixHash: consistent hashing with bounded loads over the prompt's first prefixCharLength "
+        "characters, so requests that share a system prompt land where it is cached. RoundRobin: in turn.",
+    )
+    prefix_char_length: int = Field(
+        default=100, ge=1, le=100_000, description="PrefixHash: characters of the prompt that are hashed."
+    )
+
+
+class RoutingSpec(Model):
+    """Read by `pagoda router`; the operator only validates it."""
+
+    aliases: list[Annotated[str, StringConstraints(min_length=1, max_length=256)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Further `model` names the router accepts for this ModelServer, besides model.name.",
+    )
+    load_balancing: LoadBalancingSpec = Field(default_factory=LoadBalancingSpec)
+
+
 # Root-level rules see the whole object: the cache may not move once the loader has filled it.
 IMMUTABLE_CACHE_FIELDS = ("storageClassName", "size", "accessMode", "existingClaim", "enabled")
 
@@ -241,6 +266,7 @@ class ModelServerSpec(Model):
         default=1800, ge=30, le=86400, description="How long a pod may take to load weights and warm up."
     )
     scaling: ScalingSpec = Field(default_factory=ScalingSpec)
+    routing: RoutingSpec = Field(default_factory=RoutingSpec)
 
     @property
     def tensor_parallel_size(self) -> int:

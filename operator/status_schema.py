@@ -52,6 +52,15 @@ class LoaderStatus(StatusModel):
     retry_after: str | None = None
 
 
+class RouterStatus(StatusModel):
+    """Written by `pagoda router`: where to reach this ModelServer through it."""
+
+    endpoint: str | None = Field(default=None, description="The router's OpenAI base URL.")
+    model: str | None = Field(default=None, description="The `model` to ask the router for.")
+    aliases: list[str] | None = None
+    strategy: str | None = None
+
+
 class ModelServerStatus(Model):
     phase: Literal["Pending", "Loading", "Starting", "Ready", "Failed"] | None = None
     message: str | None = None
@@ -71,4 +80,5 @@ class ModelServerStatus(Model):
     cache: CacheStatus | None = None
     plan: PlanStatus | None = None
     loader: LoaderStatus | None = None
+    router: RouterStatus | None = None
     model_config = ConfigDict(extra="allow")

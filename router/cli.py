@@ -16,8 +16,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="a YAML file listing models and their endpoints (read again when it changes)")
     where.add_argument("--kubernetes", action="store_true",
                        help="watch ModelServers and their EndpointSlices (in-cluster or $KUBECONFIG)")
-    p.add_argument("--namespace", default=os.environ.get("PAGODA_ROUTER_NAMESPACE") or None,
-                   help="with --kubernetes: watch only this namespace (default: all)")
+    p.add_argument("--namespace", action="append", dest="namespaces", metavar="NAMESPACE",
+                   help="with --kubernetes: watch this namespace; repeat for several (default: all)")
     p.add_argument("--public-url", default=os.environ.get("PAGODA_ROUTER_URL") or None,
                    help="with --kubernetes: the router's own base URL, written into each "
                         "ModelServer's status.router (default: $PAGODA_ROUTER_URL; unset writes none)")
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             from pagoda.router.kube import KubernetesDiscovery
 
-            discovery = KubernetesDiscovery(namespace=args.namespace, public_url=args.public_url)
+            discovery = KubernetesDiscovery(namespaces=args.namespaces, public_url=args.public_url)
     except (OSError, ValueError) as exc:
         print(f"pagoda router: {exc}", file=sys.stderr)
         return 2

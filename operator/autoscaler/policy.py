@@ -34,6 +34,10 @@ next step needs another full delay of calm observed on the smaller set.
 Bounds come first: N below minReplicas or above maxReplicas is moved to the bound at once; every
 answer lies in [minReplicas, maxReplicas]. The down rule stops at one replica even when
 minReplicas is 0: at zero there is nothing to measure, so nothing would bring a replica back.
+Unless `pagoda router` fronts the ModelServer: it holds requests for a ModelServer at zero, and
+its queue (held and in-flight requests, `RouterLoad`) is measured at zero too. With it, a held
+request takes N from 0 to max(minReplicas, 1), and the last replica goes after a full delay of calm
+with nothing held or in flight at the router.
 
 Why it does not oscillate under steady load: after a scale-up to P = ceil(L / (c + T)) for L
 requests in flight, (P - 1) * C < L, so the calm rule cannot fire; after a step down to N - 1 with
@@ -104,6 +108,18 @@ class PodLoad:
 
 
 @dataclass(slots=True, frozen=True)
+class RouterLoad:
+    """The router's queue for one ModelServer: requests held for a replica, and in flight."""
+
+    held: float
+    in_flight: float
+
+    @property
+    def idle(self) -> bool:
+        return self.held == 0 and self.in_flight == 0
+
+
+@dataclass(slots=True, frozen=True)
 class ScalingState:
     """What the autoscaler remembers between ticks, per ModelServer."""
 
@@ -154,8 +170,10 @@ def decide(
     params: ScalingParams,
     state: ScalingState,
     now: float,
+    router: RouterLoad | None = None,
 ) -> Decision:
-    """Desired replicas for one tick, with the reason, the figures and the next state."""
+    """Desired replicas for one tick, with the reason, the figures and the next state. `router` is
+    the router's queue for this ModelServer when a router fronts it and answered, else None."""
     n = current_replicas
     known = [p for p in pods if p.known]
     unknown = len(pods) - len(known)
@@ -216,6 +234,11 @@ def decide(
         return answer(lo, "BelowMinReplicas", f"{n} replicas is below minReplicas {lo}")
     if n > hi:
         return answer(hi, "AboveMaxReplicas", f"{n} replicas is above maxReplicas {hi}")
+    if n == 0 and router is not None and router.held > 0:
+        wake = max(lo, 1)
+        return answer(wake, "RouterHolding", f"the router holds {router.held:g} requests: 0 -> {wake}")
+    if n == 0 and router is not None:
+        return answer(0, "ScaledToZero", "no replicas and nothing held: the router wakes it on a request")
     if not known:
         why = "no replica is ready" if not pods else f"none of {len(pods)} ready replicas answered"
         return answer(n, "MetricsUnavailable", f"holding {n} replicas: {why}", active=False)
@@ -230,7 +253,9 @@ def decide(
         )
     # The autoscaler never takes the last replica away: at zero there is nothing left to measure,
     # so nothing would bring it back (scale-to-zero is KEDA's, with its activation query).
-    if calm and n > max(lo, 1):
+    # ... unless the router fronts it and has nothing for it: the router wakes it again.
+    to_zero = n == 1 and lo == 0 and router is not None and router.idle
+    if calm and (n > max(lo, 1) or to_zero):
         if calm_seconds >= params.scale_down_delay_seconds:
             return answer(
                 n - 1,

@@ -33,6 +33,7 @@ from kubernetes.client.exceptions import ApiException
 
 from pagoda.operator import spec as s
 from pagoda.operator.autoscaler.policy import Decision, ScalingParams, ScalingState, decide
+from pagoda.operator.autoscaler.router_queue import router_load
 from pagoda.operator.autoscaler.scrape import ready_targets, scrape_pods
 from pagoda.operator.builders import meta
 from pagoda.operator.k8s import MERGE_PATCH, Cluster
@@ -142,7 +143,9 @@ async def autoscale(body: kopf.Body, memo: kopf.Memo, logger: Any, tick: float =
     pods = await asyncio.to_thread(cluster.list, "Pod", ms.namespace, meta.selector_labels(ms))
     timeout = min(SCRAPE_TIMEOUT_SECONDS, params.scrape_interval_seconds)
     loads = await scrape_pods(ready_targets(pods), timeout=timeout)
-    decision = decide(loads, ms.spec.replicas, params, memory.state, clock)
+    # Only minReplicas 0 needs the router's queue: it is what wakes a ModelServer at zero.
+    router = await router_load(f"{ms.namespace}/{ms.name}", timeout) if params.min_replicas == 0 else None
+    decision = decide(loads, ms.spec.replicas, params, memory.state, clock, router=router)
     memory.state = decision.state
 
     scaled = decision.desired_replicas != ms.spec.replicas

@@ -252,7 +252,7 @@ def chart_grants() -> set[tuple[str, str, str]]:
         for doc in yaml.safe_load_all(text)
         if doc
     ]
-    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "pagoda"]  # not the router's
     return {
         (g, r, v)
         for rule in role["rules"]

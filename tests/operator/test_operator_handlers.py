@@ -236,7 +236,7 @@ async def test_lifecycle(apiserver):
     assert len(apiserver.creations("jobs")) == 2  # one per model URI
 
     # Every call the operator made is granted by the chart's RBAC.
-    (role,) = [d for d in render({}) if d["kind"] == "ClusterRole"]
+    (role,) = [d for d in render({}) if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "pagoda"]
     granted = {
         (g, r, v)
         for rule in role["rules"]
