@@ -16,6 +16,8 @@ from typing import Any
 from pagoda.operator.autoscaler.policy import ScalingParams
 from pagoda.operator.builders import meta
 from pagoda.operator.spec import ModelServer
+from pagoda.router.metrics import IN_FLIGHT as ROUTER_IN_FLIGHT
+from pagoda.router.metrics import QUEUE_DEPTH as ROUTER_QUEUE_DEPTH
 
 # The pods metric that the prometheus-adapter rule in docs/autoscaling.md exposes: Kubernetes
 # metric names cannot hold the colon of `pagoda:num_requests_waiting`.
@@ -106,8 +108,27 @@ def build_scaled_object(ms: ModelServer) -> dict[str, Any]:
                         "query": f'sum({PROMETHEUS_METRIC}{{model_name="{meta.served_name(ms)}"}})',
                         "threshold": _quantity(params.target_waiting_requests),
                     },
-                }
+                },
+                *([router_trigger(ms, address, params)] if params.min_replicas == 0 else []),
             ],
+        },
+    }
+
+
+def router_trigger(ms: ModelServer, address: str, params: ScalingParams) -> dict[str, Any]:
+    """At zero replicas there are no pods to measure: `pagoda router` holds the requests and exports
+    them, so KEDA activates on the router's queue and keeps a replica while the router has requests
+    in flight to it. (`or vector(0)`: a ModelServer the router has not seen has no series yet.)"""
+    selector = f'{{model_server="{ms.namespace}/{ms.name}"}}'
+    return {
+        "type": "prometheus",
+        "metricType": "AverageValue",
+        "metadata": {
+            "serverAddress": address,
+            "query": f"(sum({ROUTER_QUEUE_DEPTH}{selector}) or vector(0))"
+            f" + (sum({ROUTER_IN_FLIGHT}{selector}) or vector(0))",
+            "threshold": _quantity(params.target_waiting_requests),
+            "activationThreshold": "0",
         },
     }
 

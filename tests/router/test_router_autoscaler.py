@@ -65,3 +65,42 @@ def test_the_router_page_is_read_per_modelserver():
 async def test_an_unreachable_router_is_unknown():
     assert await router_load("team-a/demo", 1.0, url="http://127.0.0.1:9/metrics") is None
     assert await router_load("team-a/demo", 1.0, url=None) is None
+
+
+def _keda_modelserver(min_replicas: int) -> dict:
+    return {"apiVersion": "pagoda.dev/v1alpha1", "kind": "ModelServer",
+            "metadata": {"name": "coder", "namespace": "team-a", "uid": "u-1"},
+            "spec": {"model": {"uri": "hf://acme/coder-1b"}, "replicas": 0,
+                     "scaling": {"mode": "keda", "minReplicas": min_replicas, "maxReplicas": 4,
+                                 "targetWaitingRequests": 2}}}
+
+
+def test_keda_at_min_zero_activates_on_the_routers_queue():
+    import json
+    from pathlib import Path
+
+    import jsonschema
+
+    from pagoda.operator.autoscaler.manifests import build_autoscaler
+
+    schema = json.loads((Path(__file__).parents[1] / "operator" / "data" / "keda-scaledobject.schema.json")
+                        .read_text())
+    (scaled,) = build_autoscaler(_keda_modelserver(0))
+    jsonschema.validate(scaled, schema, cls=jsonschema.Draft7Validator)
+    assert scaled["spec"]["minReplicaCount"] == 0
+    pods, router = scaled["spec"]["triggers"]
+    assert pods["metadata"]["query"].startswith("sum(pagoda:num_requests_waiting")
+    assert router["metadata"] == {
+        "serverAddress": pods["metadata"]["serverAddress"],
+        "query": '(sum(pagoda_router_queue_depth{model_server="team-a/coder"}) or vector(0))'
+                 ' + (sum(pagoda_router_in_flight_requests{model_server="team-a/coder"}) or vector(0))',
+        "threshold": "2",
+        "activationThreshold": "0",
+    }
+    # The query names the series the router really exports.
+    metrics = RouterMetrics()
+    metrics.queue_depth.labels("team-a/coder", "acme/coder-1b").set(1)
+    page = generate_latest(metrics.registry).decode()
+    assert 'pagoda_router_queue_depth{model="acme/coder-1b",model_server="team-a/coder"} 1.0' in page
+    (with_floor,) = build_autoscaler(_keda_modelserver(1))
+    assert len(with_floor["spec"]["triggers"]) == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 
+import httpx
 import openai
 import pytest
 from conftest import REPLICA_FLAGS, ROOT, metric, router_process, wait_for, write_static
@@ -63,3 +64,12 @@ def test_hold_times_out_with_a_503_and_retry_after(tmp_path):
         assert metric(router.url, "pagoda_router_hold_timeouts", model="asleep") == 1
         assert metric(router.url, "pagoda_router_queue_depth", model="asleep") == 0
         assert metric(router.url, "pagoda_router_requests", model="asleep", code="503") == 2
+
+        # A held client that gives up frees its place at once, not at the time-out.
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{router.url}/v1/completions", json={"model": "asleep", "prompt": "z"}, timeout=0.5,
+                       trust_env=False)
+        wait_for(lambda: metric(router.url, "pagoda_router_queue_depth", model="asleep") == 0,
+                 "the held request dropped with its client")
+        assert metric(router.url, "pagoda_router_hold_timeouts", model="asleep") == 1
+        assert metric(router.url, "pagoda_router_requests", model="asleep", code="499") == 1
