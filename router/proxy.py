@@ -25,7 +25,7 @@ from pagoda.router.fleet import Fleet, Group
 from pagoda.router.load import Loads
 from pagoda.router.metrics import RouterMetrics
 from pagoda.router.prefix import prefix_key
-from pagoda.runtime.server.errors import error_body
+from pagoda.runtime.frontend.server.errors import error_body
 
 logger = logging.getLogger("pagoda.router")
 
