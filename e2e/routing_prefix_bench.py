@@ -197,9 +197,12 @@ def main(argv=None) -> int:
               "max_tokens": 1, "concurrency": args.concurrency, "prefix_char_length": 100, "runs": {}}
     for cache in args.caches:
         blocks = CACHES[cache]
-        runs = {"single": run_one("PrefixHash", 1, blocks, conversations, args.concurrency),
-                "PrefixHash": run_one("PrefixHash", args.replicas, blocks, conversations, args.concurrency),
-                "RoundRobin": run_one("RoundRobin", args.replicas, blocks, conversations, args.concurrency)}
+        runs = {}
+        for name, strategy, replicas in (("single", "PrefixHash", 1), ("PrefixHash", "PrefixHash", args.replicas),
+                                         ("RoundRobin", "RoundRobin", args.replicas)):
+            runs[name] = run_one(strategy, replicas, blocks, conversations, args.concurrency)
+            print(f"{cache} {name}: hit rate {runs[name]['hit_rate']:.4f}, {runs[name]['failed']} failed, "
+                  f"{runs[name]['wall_s']} s", flush=True)
         single = runs["single"]["hit_rate"]
         result["runs"][cache] = {
             **runs,
