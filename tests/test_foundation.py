@@ -82,16 +82,12 @@ def test_operator_extra_never_pulls_torch():
 
 @pytest.mark.parametrize("family", ["llama", "llama3", "mistral", "qwen2"])
 def test_tiny_models_load_and_generate(tmp_path, family):
-    import time
-
     import torch
     import transformers
 
     from pagoda.runtime.tools.tiny_models import build_tiny_model
 
-    start = time.perf_counter()
     path = build_tiny_model(tmp_path / family, family, seed=3)
-    assert time.perf_counter() - start < 5.0  # well under a second once transformers is imported
     assert (path / "model.safetensors.index.json").exists(), "tiny models are sharded"
     model = transformers.AutoModelForCausalLM.from_pretrained(path)
     tok = transformers.AutoTokenizer.from_pretrained(path)

@@ -1,16 +1,16 @@
-"""The load generator against a stub OpenAI-compatible SSE server whose timing is known.
+"""`pagoda bench serve` end to end against a stub OpenAI-compatible SSE server over real HTTP: the
+payloads it sends, the warm-up, the sweep, the record and plot it writes, error counting and the
+text-prompt fallback.
 
-The stub waits FIRST_DELAY before the first token and INTERVAL between tokens, so TTFT, TPOT and
-every inter-token gap have known lower bounds (asyncio.sleep never returns early) and should sit
-close to them. It also records when each request arrived and how many were in flight, which checks
-the Poisson schedule and --max-concurrency from the server's side.
+Nothing here reads the wall clock: on a loaded machine any latency bound flakes. The timing
+arithmetic and the Poisson schedule are checked exactly, in virtual time, in
+test_bench_load_virtual.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import pytest
 from fastapi import FastAPI
@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict
 from pagoda.runtime.cli import main
 from pagoda.runtime.tools.bench.serve_client import arrival_offsets
 
-FIRST_DELAY = 0.060
-INTERVAL = 0.020
+FIRST_DELAY = 0.010  # small: the stub only has to stream, nothing times it
+INTERVAL = 0.005
 
 
 class CompletionBody(BaseModel):
@@ -40,7 +40,7 @@ class CompletionBody(BaseModel):
 
 def make_stub(accept_token_ids: bool = True, fail_every: int = 0):
     app = FastAPI()
-    state = {"arrivals": [], "in_flight": 0, "max_in_flight": 0, "bodies": [], "count": 0}
+    state = {"in_flight": 0, "max_in_flight": 0, "bodies": [], "count": 0}
 
     @app.get("/v1/models")
     async def models():
@@ -56,7 +56,6 @@ def make_stub(accept_token_ids: bool = True, fail_every: int = 0):
         state["count"] += 1
         if fail_every and state["count"] % fail_every == 0:
             return JSONResponse({"error": {"message": "boom", "type": "server_error"}}, status_code=500)
-        state["arrivals"].append(time.perf_counter())
         state["bodies"].append(body)
         prompt_tokens = len(body.prompt) if isinstance(body.prompt, list) else len(body.prompt.split())
 
@@ -89,7 +88,7 @@ def _bench(base_url: str, out, *extra: str, warmup: int = 0) -> tuple[int, dict]
     return rc, json.loads(path.read_text())
 
 
-def test_timing_math_matches_the_stub(serve_app, tmp_path):
+def test_sweep_record_matches_the_stub(serve_app, tmp_path):
     app, state = make_stub()
     with serve_app(app) as url:
         rc, record = _bench(url, tmp_path, "--request-rate", "inf", "--offline-tokens-per-s", "1000", warmup=3)
@@ -101,10 +100,6 @@ def test_timing_math_matches_the_stub(serve_app, tmp_path):
     (rate,) = record["rates"]
     assert rate["request_rate"] == "inf" and rate["completed"] == 6 and rate["failed"] == 0
     assert rate["output_len_mismatches"] == 0 and rate["usage_reported"]
-    # Known timing: TTFT >= FIRST_DELAY, gaps >= INTERVAL, with a little scheduling slack on top.
-    assert FIRST_DELAY * 1e3 <= rate["ttft_ms_p50"] < FIRST_DELAY * 1e3 + 60
-    assert INTERVAL * 1e3 * 0.95 <= rate["tpot_ms_p50"] < INTERVAL * 1e3 + 10
-    assert INTERVAL * 1e3 * 0.5 <= rate["itl_ms_p50"] < INTERVAL * 1e3 + 10
     assert rate["ttft_ms_p50"] <= rate["ttft_ms_p90"] <= rate["ttft_ms_p99"]
     # Every request got exactly its drawn length, forced by min_tokens + ignore_eos.
     for body in state["bodies"]:
@@ -114,10 +109,6 @@ def test_timing_math_matches_the_stub(serve_app, tmp_path):
     assert rate["output_tokens"] == sum(b.max_tokens for b in state["bodies"])
     assert rate["prompt_tokens"] == sum(len(b.prompt) for b in state["bodies"])
     assert rate["output_tokens_per_s"] == pytest.approx(rate["output_tokens"] / rate["duration_s"])
-    # All at once: every request was in flight together, and the run lasts about one request.
-    assert state["max_in_flight"] == 6  # the 3 warm-up requests were done before the sweep
-    longest_ms = FIRST_DELAY * 1e3 + 8 * INTERVAL * 1e3
-    assert longest_ms <= rate["duration_s"] * 1e3 < longest_ms + 400
     assert record["served_to_offline_ratio"] == pytest.approx(rate["output_tokens_per_s"] / 1000)
     png = tmp_path / record["plot"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -127,20 +118,15 @@ def test_timing_math_matches_the_stub(serve_app, tmp_path):
     assert "--input-len 8:16 --output-len 5:9" in record["command"]
 
 
-def test_poisson_schedule_and_concurrency_cap(serve_app, tmp_path):
+def test_rate_sweep_and_concurrency_cap(serve_app, tmp_path):
     app, state = make_stub()
     with serve_app(app) as url:
         rc, record = _bench(url, tmp_path, "--request-rate", "20", "inf", "--max-concurrency", "2", "--seed", "3")
     assert rc == 0
     assert [r["request_rate"] for r in record["rates"]] == [20.0, "inf"]
     assert all(r["completed"] == 6 and r["failed"] == 0 for r in record["rates"])
-    assert state["max_in_flight"] == 2
-    # The first sweep point (rate 20): with a cap of 2 a request may wait for a slot, so it arrives
-    # no earlier than its Poisson offset.
-    arrivals = state["arrivals"][:6]
-    offsets = arrival_offsets(6, 20.0, seed=3)
-    for arrived, offset in zip(arrivals, offsets):
-        assert arrived - arrivals[0] >= offset - 0.01
+    assert record["max_concurrency"] == 2
+    assert state["max_in_flight"] <= 2  # a bound the semaphore guarantees, whatever the timing
 
 
 def test_arrival_offsets_are_poisson():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import httpx
 import openai
@@ -193,12 +192,10 @@ async def test_64_concurrent_streaming_clients(cycle_server, cycle_model, hf_cyc
             usage = chunk.usage or usage
         return text, finish, usage
 
-    started = time.monotonic()
     results = await asyncio.gather(*(one(p, m) for p, m in jobs))
     await client.close()
     for (prompt, max_tokens), (text, finish, usage) in zip(jobs, results):
         assert text == want[(tuple(prompt), max_tokens)]
         assert finish == "length" and usage.completion_tokens == max_tokens
         assert usage.prompt_tokens == len(prompt)
-    assert time.monotonic() - started < 60
     cycle_server.wait_idle()

@@ -5,6 +5,9 @@ Per request: TTFT (send to first non-empty chunk), every inter-token gap between
 TPOT = (latency - TTFT) / (output tokens - 1) with the server's own token count from `usage`, and
 end-to-end latency. Timing uses perf_counter on the client, so it includes HTTP, the server's
 queue, tokenization and detokenization: what a user meets.
+
+The clock is a parameter (and the HTTP transport one of run_load's), so tests drive the generator
+in virtual time and check its arithmetic exactly instead of against the wall clock.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -57,9 +61,12 @@ def build_payload(request: BenchRequest, model: str, prompt) -> dict:
     }
 
 
+Clock = Callable[[], float]
+
+
 async def stream_completion(client: httpx.AsyncClient, url: str, payload: dict, headers: dict,
-                            result: RequestResult) -> RequestResult:
-    start = time.perf_counter()
+                            result: RequestResult, clock: Clock = time.perf_counter) -> RequestResult:
+    start = clock()
     last = start
     try:
         async with client.stream("POST", url, json=payload, headers=headers) as resp:
@@ -73,7 +80,7 @@ async def stream_completion(client: httpx.AsyncClient, url: str, payload: dict, 
                 data = line[5:].strip()
                 if data == "[DONE]":
                     break
-                now = time.perf_counter()
+                now = clock()
                 chunk = json.loads(data)
                 if chunk.get("error"):
                     result.error = f"stream error: {json.dumps(chunk['error'])[:300]}"
@@ -90,7 +97,7 @@ async def stream_completion(client: httpx.AsyncClient, url: str, payload: dict, 
                         result.itl_s.append(now - last)
                     last = now
                     result.num_chunks += 1
-        result.latency_s = time.perf_counter() - start
+        result.latency_s = clock() - start
         if not result.usage_reported:
             result.output_tokens = result.num_chunks
         if result.ttft_s is None:
@@ -126,9 +133,12 @@ async def run_load(
     seed: int = 0,
     timeout_s: float = 1800.0,
     progress: bool = True,
+    clock: Clock = time.perf_counter,
+    transport: httpx.AsyncBaseTransport | None = None,
 ) -> tuple[list[RequestResult], float]:
     """Send every request at its arrival time; return the results and the wall time from the first
-    send to the last completion."""
+    send to the last completion. `clock` must tick with the event loop's own clock, which times
+    asyncio.sleep (both are the wall clock outside tests)."""
     from tqdm.auto import tqdm
 
     offsets = arrival_offsets(len(requests), request_rate, seed)
@@ -138,25 +148,25 @@ async def run_load(
     timeout = httpx.Timeout(timeout_s, connect=60.0)
     bar = tqdm(total=len(requests), desc=f"rate {request_rate:g}", disable=not progress, leave=False)
 
-    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
-        start = time.perf_counter()
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False, transport=transport) as client:
+        start = clock()
 
         async def one(request: BenchRequest, prompt, offset: float) -> RequestResult:
-            delay = start + offset - time.perf_counter()
+            delay = start + offset - clock()
             if delay > 0:
                 await asyncio.sleep(delay)
             result = RequestResult(prompt_len=len(request.prompt_token_ids), expected_output_len=request.output_len)
             payload = build_payload(request, model, prompt)
             if limit is None:
-                await stream_completion(client, url, payload, headers or {}, result)
+                await stream_completion(client, url, payload, headers or {}, result, clock)
             else:
                 async with limit:
-                    await stream_completion(client, url, payload, headers or {}, result)
+                    await stream_completion(client, url, payload, headers or {}, result, clock)
             bar.update(1)
             return result
 
         results = await asyncio.gather(*(one(r, p, o) for r, p, o in zip(requests, prompts, offsets)))
-        duration = time.perf_counter() - start
+        duration = clock() - start
     bar.close()
     return list(results), duration
 
