@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from pagoda.runtime.models.hf_fields import GEMMA_TYPES, has_qk_norm, is_sparse_layer, moe_shape
+
 GIB = 1024**3
 
 
@@ -33,8 +35,9 @@ def _head_dim(config: dict) -> int:
     return config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
 
 
-def count_parameters(config: dict) -> int:
-    """Parameters of a Llama/Mistral/Qwen2 checkpoint, from its config.json."""
+def count_parameters(config: dict, active: bool = False) -> int:
+    """Parameters of a checkpoint of any supported family, from its config.json. With
+    active=True, a mixture of experts counts only the top-k experts a token runs through."""
     hidden, vocab = config["hidden_size"], config["vocab_size"]
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or heads
@@ -43,10 +46,22 @@ def count_parameters(config: dict) -> int:
     attn = hidden * (q + 2 * kv) + q * hidden
     if config.get("model_type") == "qwen2" or config.get("attention_bias"):
         attn += q + 2 * kv
-    mlp = 3 * hidden * config["intermediate_size"]
-    per_layer = attn + mlp + 2 * hidden  # two RMSNorm weights
-    embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings") else 2)
-    return embeddings + config["num_hidden_layers"] * per_layer + hidden
+    if has_qk_norm(config):
+        attn += 2 * head_dim
+    # two RMSNorm weights per block; Gemma 2 and 3 add a pair around the feed-forward
+    norms = (4 if config.get("model_type") in GEMMA_TYPES else 2) * hidden
+    moe = moe_shape(config)
+    total = 0
+    for i in range(config["num_hidden_layers"]):
+        if moe is not None and is_sparse_layer(config, i):
+            experts = moe.top_k if active else moe.num_experts
+            mlp = experts * 3 * hidden * moe.intermediate_size + hidden * moe.num_experts  # + router
+        else:
+            mlp = 3 * hidden * config["intermediate_size"]
+        total += attn + mlp + norms
+    tied = config.get("tie_word_embeddings", config.get("model_type") in GEMMA_TYPES)
+    embeddings = vocab * hidden * (1 if tied else 2)
+    return embeddings + total + hidden
 
 
 def kv_bytes_per_token(config: dict, dtype_bytes: int) -> int:

@@ -45,8 +45,10 @@ def make_plan(model: str, gpu_memory_gib: float, gpu_memory_utilization: float =
               activation_gib: float = 0.0) -> dict:
     from pagoda.runtime.memory import count_parameters, plan_memory
     from pagoda.runtime.model_config import DTYPE_BYTES, ModelConfig
+    from pagoda.runtime.models.registry import check_supported
 
     mc = ModelConfig.from_path(config_dir(model), dtype=dtype, max_model_len=max_model_len)
+    check_supported(mc.architecture)
     hf_config, resolved_dtype, max_len = mc.hf_config, mc.dtype, mc.max_model_len
     dtype_bytes = DTYPE_BYTES[resolved_dtype]
     plan = plan_memory(hf_config, dtype_bytes, int(gpu_memory_gib * GIB), gpu_memory_utilization, max_len,

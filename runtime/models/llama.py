@@ -22,7 +22,7 @@ from pagoda.runtime.model_config import ModelConfig
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, rotary_emb: RotaryEmbedding):
         super().__init__()
         # This rank's heads; KV heads are replicated when there are fewer of them than ranks.
         tp = get_tp_size()
@@ -34,7 +34,7 @@ class LlamaAttention(nn.Module):
             cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.qkv_bias
         )
         self.o_proj = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size)
-        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_model_len, cfg.rope_theta, cfg.rope_scaling)
+        self.rotary_emb = rotary_emb  # one table for every layer that shares its parameters
         self.attn = Attention(self.num_heads, cfg.head_dim, self.num_kv_heads, cfg.head_dim**-0.5)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
@@ -43,9 +43,20 @@ class LlamaAttention(nn.Module):
         k = k.reshape(k.shape[0], self.num_kv_heads, -1)
         return self.o_proj(self.attn(q, k, v, positions, self.rotary_emb.cos_sin_cache))
 
+    @staticmethod
+    def checkpoint_shapes(cfg: ModelConfig, p: str) -> list[tuple[str, tuple[int, ...]]]:
+        h, d = cfg.hidden_size, cfg.head_dim
+        q, kv = cfg.num_heads * d, cfg.num_kv_heads * d
+        shapes = []
+        for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+            shapes.append((f"{p}self_attn.{name}.weight", (rows, h)))
+            if cfg.qkv_bias:
+                shapes.append((f"{p}self_attn.{name}.bias", (rows,)))
+        return shapes + [(p + "self_attn.o_proj.weight", (h, q))]
+
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer_idx: int = 0):
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2)
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size)
@@ -53,12 +64,24 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj.forward_silu_mul(self.gate_up_proj(x))
 
+    @staticmethod
+    def checkpoint_shapes(cfg: ModelConfig, p: str) -> list[tuple[str, tuple[int, ...]]]:
+        h, inter = cfg.hidden_size, cfg.intermediate_size
+        return [
+            (p + "mlp.gate_proj.weight", (inter, h)),
+            (p + "mlp.up_proj.weight", (inter, h)),
+            (p + "mlp.down_proj.weight", (h, inter)),
+        ]
+
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    attention_cls = LlamaAttention
+    mlp_cls = LlamaMLP
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int, rotary_emb: RotaryEmbedding):
         super().__init__()
-        self.self_attn = LlamaAttention(cfg)
-        self.mlp = LlamaMLP(cfg)
+        self.self_attn = self.attention_cls(cfg, layer_idx, rotary_emb)
+        self.mlp = self.mlp_cls(cfg, layer_idx)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -73,11 +96,19 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
+    @classmethod
+    def checkpoint_shapes(cls, cfg: ModelConfig, p: str) -> list[tuple[str, tuple[int, ...]]]:
+        h = cfg.hidden_size
+        norms = [(p + "input_layernorm.weight", (h,)), (p + "post_attention_layernorm.weight", (h,))]
+        return norms + cls.attention_cls.checkpoint_shapes(cfg, p) + cls.mlp_cls.checkpoint_shapes(cfg, p)
+
+
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_layers))
+        rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_model_len, cfg.rope_theta, cfg.rope_scaling)
+        self.layers = nn.ModuleList(layer_cls(cfg, i, rotary_emb) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -89,6 +120,7 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    layer_cls = LlamaDecoderLayer
     # checkpoint name fragment -> (our fused parameter, shard id)
     stacked_params = (
         (".q_proj.", ".qkv_proj.", "q"),
@@ -101,7 +133,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg)
+        self.model = LlamaModel(cfg, self.layer_cls)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
         if cfg.tie_word_embeddings:
             self.lm_head.tie_to(self.model.embed_tokens)
@@ -115,26 +147,14 @@ class LlamaForCausalLM(nn.Module):
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]
 
-    @staticmethod
-    def checkpoint_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+    @classmethod
+    def checkpoint_shapes(cls, cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
         """The unsharded tensors of a Hugging Face checkpoint of this config, in a fixed order:
         dummy weights are drawn in these shapes, so they do not depend on the parallel size."""
-        h, d = cfg.hidden_size, cfg.head_dim
-        q, kv, inter = cfg.num_heads * d, cfg.num_kv_heads * d, cfg.intermediate_size
+        h = cfg.hidden_size
         shapes = [("model.embed_tokens.weight", (cfg.vocab_size, h))]
         for i in range(cfg.num_layers):
-            p = f"model.layers.{i}."
-            shapes += [(p + "input_layernorm.weight", (h,)), (p + "post_attention_layernorm.weight", (h,))]
-            for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
-                shapes.append((f"{p}self_attn.{name}.weight", (rows, h)))
-                if cfg.qkv_bias:
-                    shapes.append((f"{p}self_attn.{name}.bias", (rows,)))
-            shapes += [
-                (p + "self_attn.o_proj.weight", (h, q)),
-                (p + "mlp.gate_proj.weight", (inter, h)),
-                (p + "mlp.up_proj.weight", (inter, h)),
-                (p + "mlp.down_proj.weight", (h, inter)),
-            ]
+            shapes += cls.layer_cls.checkpoint_shapes(cfg, f"model.layers.{i}.")
         shapes.append(("model.norm.weight", (h,)))
         if not cfg.tie_word_embeddings:
             shapes.append(("lm_head.weight", (cfg.vocab_size, h)))

@@ -8,16 +8,22 @@ _REGISTRY = {
     "LlamaForCausalLM": ("pagoda.runtime.models.llama", "LlamaForCausalLM"),
     "MistralForCausalLM": ("pagoda.runtime.models.llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": ("pagoda.runtime.models.llama", "LlamaForCausalLM"),
+    "Qwen3ForCausalLM": ("pagoda.runtime.models.qwen3", "Qwen3ForCausalLM"),
 }
 
 SUPPORTED_ARCHITECTURES = tuple(_REGISTRY)
 
 
-def get_model_class(architecture: str):
+def check_supported(architecture: str) -> None:
+    """Raise a ValueError naming the supported set (no import of torch: `pagoda plan` calls it)."""
     if architecture not in _REGISTRY:
         raise ValueError(
             f"model architecture {architecture!r} is not supported; "
             f"supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
+
+
+def get_model_class(architecture: str):
+    check_supported(architecture)
     module, name = _REGISTRY[architecture]
     return getattr(importlib.import_module(module), name)

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FAMILIES = ("llama", "llama3", "mistral", "qwen2")
+FAMILIES = ("llama", "llama3", "mistral", "qwen2", "qwen3")
 
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>"]
 
@@ -111,6 +111,8 @@ def _config(spec: TinySpec, tokenizer):
         cfg = tf.MistralConfig(**common, rope_theta=10000.0, sliding_window=None)
     elif spec.family == "qwen2":
         cfg = tf.Qwen2Config(**common, rope_theta=1000000.0, tie_word_embeddings=True)
+    elif spec.family == "qwen3":
+        cfg = tf.Qwen3Config(**common, head_dim=16, rope_theta=1000000.0)
     else:
         raise ValueError(f"unknown tiny family {spec.family!r}; choose one of {FAMILIES}")
     for key, value in spec.extra.items():
@@ -133,6 +135,7 @@ def build_tiny_model(path: str | Path, family: str = "llama", seed: int = 0, **o
         "llama3": tf.LlamaForCausalLM,
         "mistral": tf.MistralForCausalLM,
         "qwen2": tf.Qwen2ForCausalLM,
+        "qwen3": tf.Qwen3ForCausalLM,
     }[family]
     torch.manual_seed(seed)
     model = cls(config)
