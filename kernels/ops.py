@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from pagoda.kernels.activation_ref import silu_and_mul_ref
+from pagoda.kernels.fused_moe_ref import fused_moe_ref, route_ref
 from pagoda.kernels.kv_cache_ref import write_kv_cache_ref
 from pagoda.kernels.norm_ref import rms_norm_ref
 from pagoda.kernels.paged_attention_ref import paged_attention_ref
@@ -169,6 +170,20 @@ def silu_and_mul_linear(x, weight, bias=None):
 
         return gemv(x, weight, bias, act="silu_mul", config=config)
     return F.linear(silu_and_mul(x), weight, bias)
+
+
+def moe_route(router_logits, top_k: int, renormalize: bool):
+    """(topk_weights, topk_ids) of each token: softmax in fp32, top k (torch on every device)."""
+    return route_ref(router_logits, top_k, renormalize)
+
+
+def fused_moe(x, w13, w2, topk_weights, topk_ids, activation: str = "silu"):
+    """The experts' gated MLPs, weighted by the routing weights and summed per token."""
+    if _on_gpu(x):
+        from pagoda.kernels.fused_moe import fused_moe as triton_fused_moe
+
+        return triton_fused_moe(x, w13, w2, topk_weights, topk_ids, activation)
+    return fused_moe_ref(x, w13, w2, topk_weights, topk_ids, activation)
 
 
 def sample(logits, temperature, top_k, top_p, min_p, seeds, steps, **hints):

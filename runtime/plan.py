@@ -58,6 +58,8 @@ def make_plan(model: str, gpu_memory_gib: float, gpu_memory_utilization: float =
         model=str(model),
         dtype=resolved_dtype,
         num_parameters=count_parameters(hf_config),
+        # a mixture of experts runs each token through top-k experts only
+        num_active_parameters=count_parameters(hf_config, active=True),
         gpu_memory_bytes=int(gpu_memory_gib * GIB),
         gpu_memory_utilization=gpu_memory_utilization,
     )
@@ -66,8 +68,11 @@ def make_plan(model: str, gpu_memory_gib: float, gpu_memory_utilization: float =
 
 def format_plan(r: dict) -> str:
     fits = "yes" if r["fits"] else "NO: not even one max_model_len sequence fits"
+    active = ""
+    if r["num_active_parameters"] != r["num_parameters"]:
+        active = f", {r['num_active_parameters'] / 1e9:.3f} B active per token"
     lines = [
-        f"model                   {r['model']} ({r['num_parameters'] / 1e9:.3f} B parameters, {r['dtype']})",
+        f"model                   {r['model']} ({r['num_parameters'] / 1e9:.3f} B parameters{active}, {r['dtype']})",
         f"GPU memory              {r['gpu_memory_bytes'] / GIB:.2f} GiB x {r['gpu_memory_utilization']} "
         f"= {r['usable_bytes'] / GIB:.2f} GiB usable",
         f"weights                 {r['weight_bytes'] / GIB:.3f} GiB ({r['weight_bytes']} bytes)",

@@ -21,8 +21,10 @@ def moe_shape(cfg: dict) -> MoEShape | None:
     """The experts of a mixture-of-experts checkpoint (Mixtral, Qwen3-MoE), or None if dense."""
     if cfg.get("model_type") == "mixtral":
         return MoEShape(cfg["num_local_experts"], cfg["num_experts_per_tok"], cfg["intermediate_size"])
-    if cfg.get("model_type") == "qwen3_moe" and cfg.get("num_experts"):
-        return MoEShape(cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"])
+    # transformers 5 writes Qwen3-MoE's num_experts as num_local_experts (an attribute alias)
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    if cfg.get("model_type") == "qwen3_moe" and experts:
+        return MoEShape(experts, cfg["num_experts_per_tok"], cfg["moe_intermediate_size"])
     return None
 
 

@@ -6,12 +6,14 @@ Attention learns which sequence a token belongs to from the AttentionContext.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from pagoda.runtime.layers.attention import Attention
+from pagoda.runtime.layers.fused_moe import EXPERT_PARTS
 from pagoda.runtime.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pagoda.runtime.layers.norm import RMSNorm
 from pagoda.runtime.layers.parallel_state import divide, get_tp_size, kv_heads_per_rank
@@ -19,6 +21,9 @@ from pagoda.runtime.layers.rotary import RotaryEmbedding
 from pagoda.runtime.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 from pagoda.runtime.layers.weight_slice import materialize
 from pagoda.runtime.model_config import ModelConfig
+
+# model.layers.3.mlp.experts.17.gate_proj.weight -> (model.layers.3.mlp, 17, gate_proj)
+EXPERT_WEIGHT = re.compile(r"(.+)\.experts\.(\d+)\.(\w+)\.weight")
 
 
 class LlamaAttention(nn.Module):
@@ -58,14 +63,15 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int = 0):
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2)
-        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size)
+        inter = cfg.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [inter] * 2)
+        self.down_proj = RowParallelLinear(inter, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj.forward_silu_mul(self.gate_up_proj(x))
 
     @staticmethod
-    def checkpoint_shapes(cfg: ModelConfig, p: str) -> list[tuple[str, tuple[int, ...]]]:
+    def checkpoint_shapes(cfg: ModelConfig, p: str, layer_idx: int = 0) -> list[tuple[str, tuple[int, ...]]]:
         h, inter = cfg.hidden_size, cfg.intermediate_size
         return [
             (p + "mlp.gate_proj.weight", (inter, h)),
@@ -81,7 +87,7 @@ class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, rotary_emb: RotaryEmbedding):
         super().__init__()
         self.self_attn = self.attention_cls(cfg, layer_idx, rotary_emb)
-        self.mlp = self.mlp_cls(cfg, layer_idx)
+        self.mlp = self.make_mlp(cfg, layer_idx)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -95,12 +101,20 @@ class LlamaDecoderLayer(nn.Module):
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
+    @classmethod
+    def make_mlp(cls, cfg: ModelConfig, layer_idx: int) -> nn.Module:
+        return cls.mlp_cls(cfg, layer_idx)
 
     @classmethod
-    def checkpoint_shapes(cls, cfg: ModelConfig, p: str) -> list[tuple[str, tuple[int, ...]]]:
-        h = cfg.hidden_size
+    def mlp_checkpoint_shapes(cls, cfg: ModelConfig, p: str, layer_idx: int) -> list[tuple[str, tuple[int, ...]]]:
+        return cls.mlp_cls.checkpoint_shapes(cfg, p, layer_idx)
+
+    @classmethod
+    def checkpoint_shapes(cls, cfg: ModelConfig, layer_idx: int) -> list[tuple[str, tuple[int, ...]]]:
+        h, p = cfg.hidden_size, f"model.layers.{layer_idx}."
         norms = [(p + "input_layernorm.weight", (h,)), (p + "post_attention_layernorm.weight", (h,))]
-        return norms + cls.attention_cls.checkpoint_shapes(cfg, p) + cls.mlp_cls.checkpoint_shapes(cfg, p)
+        return (norms + cls.attention_cls.checkpoint_shapes(cfg, p)
+                + cls.mlp_checkpoint_shapes(cfg, p, layer_idx))
 
 
 class LlamaModel(nn.Module):
@@ -121,6 +135,7 @@ class LlamaModel(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     layer_cls = LlamaDecoderLayer
+    checkpoint_renames: tuple[tuple[str, str], ...] = ()  # checkpoint name fragment -> ours
     # checkpoint name fragment -> (our fused parameter, shard id)
     stacked_params = (
         (".q_proj.", ".qkv_proj.", "q"),
@@ -154,7 +169,7 @@ class LlamaForCausalLM(nn.Module):
         h = cfg.hidden_size
         shapes = [("model.embed_tokens.weight", (cfg.vocab_size, h))]
         for i in range(cfg.num_layers):
-            shapes += cls.layer_cls.checkpoint_shapes(cfg, f"model.layers.{i}.")
+            shapes += cls.layer_cls.checkpoint_shapes(cfg, i)
         shapes.append(("model.norm.weight", (h,)))
         if not cfg.tie_word_embeddings:
             shapes.append(("lm_head.weight", (cfg.vocab_size, h)))
@@ -168,6 +183,15 @@ class LlamaForCausalLM(nn.Module):
             if "rotary_emb.inv_freq" in name:
                 continue
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            for ckpt_part, our_part in self.checkpoint_renames:
+                name = name.replace(ckpt_part, our_part)
+            if expert := EXPERT_WEIGHT.fullmatch(name):  # one matrix of one expert: into the stack
+                prefix, index, part_name = expert.groups()
+                param_name, part = EXPERT_PARTS[part_name]
+                target = f"{prefix}.{param_name}"
+                params[target].weight_loader(params[target], tensor, int(index), part)
+                loaded.add(target)
                 continue
             for ckpt_part, our_part, shard_id in self.stacked_params:
                 if ckpt_part in name:

@@ -9,6 +9,8 @@ _REGISTRY = {
     "MistralForCausalLM": ("pagoda.runtime.models.llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": ("pagoda.runtime.models.llama", "LlamaForCausalLM"),
     "Qwen3ForCausalLM": ("pagoda.runtime.models.qwen3", "Qwen3ForCausalLM"),
+    "MixtralForCausalLM": ("pagoda.runtime.models.mixtral", "MixtralForCausalLM"),
+    "Qwen3MoeForCausalLM": ("pagoda.runtime.models.qwen3_moe", "Qwen3MoeForCausalLM"),
 }
 
 SUPPORTED_ARCHITECTURES = tuple(_REGISTRY)

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FAMILIES = ("llama", "llama3", "mistral", "qwen2", "qwen3")
+FAMILIES = ("llama", "llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe")
 
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>"]
 
@@ -113,6 +113,13 @@ def _config(spec: TinySpec, tokenizer):
         cfg = tf.Qwen2Config(**common, rope_theta=1000000.0, tie_word_embeddings=True)
     elif spec.family == "qwen3":
         cfg = tf.Qwen3Config(**common, head_dim=16, rope_theta=1000000.0)
+    elif spec.family == "mixtral":
+        cfg = tf.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2, rope_theta=1000000.0)
+    elif spec.family == "qwen3_moe":
+        # 3 layers, the middle one dense (mlp_only_layers); top-3 of 6 experts, not renormalised
+        cfg = tf.Qwen3MoeConfig(**{**common, "num_hidden_layers": 3}, head_dim=16, rope_theta=1000000.0,
+                                num_experts=6, num_experts_per_tok=3, moe_intermediate_size=32,
+                                norm_topk_prob=False, mlp_only_layers=[1])
     else:
         raise ValueError(f"unknown tiny family {spec.family!r}; choose one of {FAMILIES}")
     for key, value in spec.extra.items():
@@ -136,6 +143,8 @@ def build_tiny_model(path: str | Path, family: str = "llama", seed: int = 0, **o
         "mistral": tf.MistralForCausalLM,
         "qwen2": tf.Qwen2ForCausalLM,
         "qwen3": tf.Qwen3ForCausalLM,
+        "mixtral": tf.MixtralForCausalLM,
+        "qwen3_moe": tf.Qwen3MoeForCausalLM,
     }[family]
     torch.manual_seed(seed)
     model = cls(config)

@@ -22,8 +22,8 @@ def test_parameter_count_matches_transformers(tiny_models, hf, family):
     config = json.loads(open(f"{path}/config.json").read())
     model = hf.model(path)
     assert count_parameters(config) == sum(p.numel() for p in model.parameters())
-    # K and V, per layer, per KV head, per dim.
-    assert kv_bytes_per_token(config, 2) == 2 * 2 * 2 * 16 * 2
+    # K and V, per layer, per KV head (2), per dim (16).
+    assert kv_bytes_per_token(config, 2) == 2 * config["num_hidden_layers"] * 2 * 16 * 2
 
 
 def test_memory_plan_arithmetic_and_refusal():

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
+import torch
 
 from pagoda.runtime import LLM
-from pagoda.runtime.models import SUPPORTED_ARCHITECTURES
+from pagoda.runtime.model_config import ModelConfig
+from pagoda.runtime.model_loader import iter_safetensors, load_model
+from pagoda.runtime.models import SUPPORTED_ARCHITECTURES, get_model_class
 from pagoda.runtime.plan import make_plan
+from pagoda.runtime.tiny_models import FAMILIES
 
-FAMILY_ARCHS = {"Qwen3ForCausalLM"}
+FAMILY_ARCHS = {"Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}
 
 
 def test_supported_set_names_the_new_families():
@@ -31,3 +36,16 @@ def test_unknown_architecture_is_refused_with_the_supported_list(tiny_models, tm
         message = str(err.value)
         assert "'FalconMambaForCausalLM' is not supported" in message
         assert all(arch in message for arch in SUPPORTED_ARCHITECTURES)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dummy_shapes_are_the_checkpoint_shapes_transformers_writes(tiny_models, family):
+    """load_format=dummy draws tensors in checkpoint_shapes; they must be exactly the tensors of a
+    real checkpoint of the family, so a dummy benchmark model is the model that would be served."""
+    path = Path(tiny_models[family])
+    cfg = ModelConfig.from_path(path)
+    written = {name: tuple(t.get_shape()) for name, t in iter_safetensors(path, lazy=True)}
+    if cfg.tie_word_embeddings:
+        written.pop("lm_head.weight", None)
+    assert dict(get_model_class(cfg.architecture).checkpoint_shapes(cfg)) == written
+    load_model(cfg, torch.device("cpu"), "dummy")  # every parameter is filled

@@ -35,10 +35,11 @@ ENGINE = dict(block_size=8, max_model_len=128, device="cpu", max_num_seqs=3, max
 
 @pytest.fixture(scope="module")
 def models(tiny_models, tmp_path_factory) -> dict[str, str]:
-    """llama (2 KV heads: one per rank), qwen2 (qkv bias, tied embeddings), and a one-KV-head
-    llama, whose KV head both ranks replicate."""
+    """llama (2 KV heads: one per rank), qwen2 (qkv bias, tied embeddings), a one-KV-head llama,
+    whose KV head both ranks replicate, and qwen3_moe, whose experts' inter dim each rank halves."""
     kv1 = build_tiny_model(tmp_path_factory.mktemp("tp") / "llama_kv1", "llama", num_key_value_heads=1)
-    return {"llama": tiny_models["llama"], "qwen2": tiny_models["qwen2"], "llama_kv1": str(kv1)}
+    return {"llama": tiny_models["llama"], "qwen2": tiny_models["qwen2"], "llama_kv1": str(kv1),
+            "qwen3_moe": tiny_models["qwen3_moe"]}
 
 
 def child_pids() -> set[int]:
@@ -58,7 +59,7 @@ def generate(llm: LLM, prompts, params=GREEDY):
     return llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
 
 
-@pytest.mark.parametrize("case", ["llama", "qwen2", "llama_kv1"])
+@pytest.mark.parametrize("case", ["llama", "qwen2", "llama_kv1", "qwen3_moe"])
 def test_tp2_matches_tp1_and_transformers(models, hf, case):
     path = models[case]
     prompts = make_prompts(seed=7, lengths=LENGTHS)
@@ -191,6 +192,24 @@ def test_each_rank_reads_and_holds_only_its_shard(models, rank):
     torch.testing.assert_close(model.model.embed_tokens.weight, half(full["model.embed_tokens.weight"]))
     assert model.lm_head.weight is model.model.embed_tokens.weight
     torch.testing.assert_close(layer.input_layernorm.weight, full[p + "input_layernorm.weight"])
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_each_rank_holds_its_slice_of_every_expert(models, rank):
+    """Experts split by their inter dim: gate and up rows, down columns; the router is replicated."""
+    path = models["qwen3_moe"]
+    cfg = ModelConfig.from_path(Path(path))
+    full = full_checkpoint(path)
+    with tensor_parallel(TensorParallelGroup(rank=rank, size=2)):
+        model = load_model(cfg, torch.device("cpu"))
+    moe, p = model.model.layers[2].mlp, "model.layers.2.mlp."
+    for e in range(6):
+        gate, up = (full[f"{p}experts.{e}.{n}_proj.weight"].chunk(2)[rank] for n in ("gate", "up"))
+        torch.testing.assert_close(moe.w13[e], torch.cat([gate, up]), rtol=0, atol=0)
+        down = full[f"{p}experts.{e}.down_proj.weight"].chunk(2, 1)[rank]
+        torch.testing.assert_close(moe.w2[e], down, rtol=0, atol=0)
+    torch.testing.assert_close(moe.gate.weight, full[p + "gate.weight"], rtol=0, atol=0)
+    assert not hasattr(model.model.layers[1].mlp, "w13")  # mlp_only_layers=[1]: dense
 
 
 def test_replicated_kv_heads_and_dummy_weights_do_not_depend_on_the_size(models):

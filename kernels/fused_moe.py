@@ -1,0 +1,188 @@
+"""Triton fused mixture-of-experts: tokens sorted by expert, then two grouped GEMMs.
+
+1. Route (the caller: softmax and top-k, fused_moe_ref.route_ref) gives each token k (expert,
+   weight) pairs. `align_by_expert` sorts the T * k pairs by expert and pads every expert's run to
+   a multiple of BLOCK_M, so each BLOCK_M-row tile of the sorted list belongs to one expert. It is
+   all device ops on fixed-size buffers (no host sync), so a decode step stays capturable.
+2. Grouped GEMM 1: a tile's rows gather their tokens' hidden states and multiply them by that
+   expert's gate and up rows, in two accumulators, so the activation, act(gate) * up, is applied
+   before anything goes to memory: only the [pairs, inter] activation is written.
+3. Grouped GEMM 2: the activation times the expert's down projection, scaled by the pair's routing
+   weight; the k rows of each token are then summed.
+
+Experts not routed to cost nothing but a program that returns at once; tiles past the padded end
+likewise. Under tensor parallelism each rank holds a slice of every expert's inter dimension (gate
+and up by rows, down by columns), so its output is a partial sum that the layer all-reduces.
+Expert parallelism (whole experts per rank) is not done yet.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from pagoda.kernels.attention_dot import _dot, dot_precision
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr, w13_ptr, out_ptr, sorted_ptr, block_expert_ptr,
+    num_pairs, hidden, inter,
+    stride_xt, stride_we, stride_wn, stride_ot,
+    TOP_K: tl.constexpr, ACTIVATION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert >= 0:
+        pairs = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+        valid = pairs < num_pairs
+        tokens = (pairs // TOP_K).to(tl.int64)
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        nmask = n < inter
+        w = w13_ptr + expert.to(tl.int64) * stride_we
+        acc_gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(0, hidden, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            kmask = k < hidden
+            a = tl.load(x_ptr + tokens[:, None] * stride_xt + k[None, :],
+                        mask=valid[:, None] & kmask[None, :], other=0.0)
+            wmask = kmask[:, None] & nmask[None, :]
+            wg = tl.load(w + n[None, :].to(tl.int64) * stride_wn + k[:, None], mask=wmask, other=0.0)
+            wu = tl.load(w + (inter + n[None, :]).to(tl.int64) * stride_wn + k[:, None], mask=wmask, other=0.0)
+            acc_gate += _dot(a, wg, PRECISION)
+            acc_up += _dot(a, wu, PRECISION)
+        # Round as the reference does: each projection, then the activation, in the model dtype.
+        dtype = out_ptr.dtype.element_ty
+        gate = acc_gate.to(dtype).to(tl.float32)
+        up = acc_up.to(dtype).to(tl.float32)
+        if ACTIVATION == "silu":
+            act = gate / (1.0 + tl.exp(-gate))
+        else:  # gelu_tanh; tanh(z) = 1 - 2 / (exp(2z) + 1)
+            z = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+            act = 0.5 * gate * (2.0 - 2.0 / (tl.exp(2.0 * z) + 1.0))
+        h = act.to(dtype).to(tl.float32) * up
+        tl.store(out_ptr + pairs[:, None].to(tl.int64) * stride_ot + n[None, :], h.to(dtype),
+                 mask=valid[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _down_kernel(
+    h_ptr, w2_ptr, weights_ptr, out_ptr, sorted_ptr, block_expert_ptr,
+    num_pairs, hidden, inter,
+    stride_ht, stride_we, stride_wn, stride_ot,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert >= 0:
+        pairs = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+        valid = pairs < num_pairs
+        rows = pairs.to(tl.int64)
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        nmask = n < hidden
+        w = w2_ptr + expert.to(tl.int64) * stride_we
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(0, inter, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            kmask = k < inter
+            a = tl.load(h_ptr + rows[:, None] * stride_ht + k[None, :], mask=valid[:, None] & kmask[None, :],
+                        other=0.0)
+            b = tl.load(w + n[None, :].to(tl.int64) * stride_wn + k[:, None],
+                        mask=kmask[:, None] & nmask[None, :], other=0.0)
+            acc += _dot(a, b, PRECISION)
+        dtype = out_ptr.dtype.element_ty
+        weight = tl.load(weights_ptr + rows, mask=valid, other=0.0).to(tl.float32)
+        y = acc.to(dtype).to(tl.float32) * weight[:, None]
+        tl.store(out_ptr + rows[:, None] * stride_ot + n[None, :], y.to(dtype),
+                 mask=valid[:, None] & nmask[None, :])
+
+
+def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted_pairs, block_expert). sorted_pairs [capacity] int32 lists pair indices (token * k +
+    slot) grouped by expert, each group padded to a multiple of block_m with the sentinel
+    num_pairs; block_expert [capacity // block_m] int32 is each tile's expert, -1 past the end.
+    capacity is the worst case, num_pairs + min(num_experts, num_pairs) * (block_m - 1), rounded up
+    to block_m, so the shapes depend only on the batch size."""
+    flat = topk_ids.reshape(-1)
+    num_pairs, dev = flat.numel(), flat.device
+    capacity = triton.cdiv(num_pairs + min(num_experts, num_pairs) * (block_m - 1), block_m) * block_m
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_end = torch.cumsum(padded, 0)
+    order = torch.argsort(flat, stable=True)
+    sorted_experts = flat[order]
+    # rank of each sorted pair within its expert's run, then its slot in the padded list
+    count_end = torch.cumsum(counts, 0)
+    rank = torch.arange(num_pairs, device=dev) - (count_end - counts)[sorted_experts]
+    dest = (padded_end - padded)[sorted_experts] + rank
+    sorted_pairs = torch.full((capacity,), num_pairs, dtype=torch.int32, device=dev)
+    sorted_pairs[dest] = order.to(torch.int32)
+    starts = torch.arange(0, capacity, block_m, device=dev)
+    block_expert = torch.searchsorted(padded_end, starts, right=True)
+    block_expert = torch.where(starts < padded_end[-1], block_expert, -1).to(torch.int32)
+    return sorted_pairs, block_expert
+
+
+def default_config(num_pairs: int, num_experts: int, device: torch.device) -> dict:
+    """Tiles: small for decode-sized batches (few rows per expert), larger for prefill. First
+    guesses for the H200 (PAGODA_MOE_CONFIG='bm,bn,bk,warps,stages' overrides them for a sweep);
+    small under the interpreter so the CPU tests stay quick."""
+    if device.type != "cuda":
+        return dict(block_m=16, block_n=16, block_k=16, num_warps=1, num_stages=1)
+    if override := os.environ.get("PAGODA_MOE_CONFIG"):
+        bm, bn, bk, warps, stages = (int(v) for v in override.split(","))
+        return dict(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
+    if num_pairs <= 4 * num_experts:  # under ~4 rows per expert: each expert's weights are one stream
+        return dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)
+    if num_pairs <= 32 * num_experts:
+        return dict(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=3)
+    return dict(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3)
+
+
+def fused_moe(
+    x: torch.Tensor,  # [T, hidden]
+    w13: torch.Tensor,  # [E, 2 * inter, hidden]
+    w2: torch.Tensor,  # [E, hidden, inter]
+    topk_weights: torch.Tensor,  # [T, k]
+    topk_ids: torch.Tensor,  # [T, k]
+    activation: str = "silu",
+    *,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """Same contract as fused_moe_ref."""
+    num_tokens, hidden = x.shape
+    num_experts, two_inter, _ = w13.shape
+    inter = two_inter // 2
+    top_k = topk_ids.shape[1]
+    num_pairs = num_tokens * top_k
+    if num_tokens == 0:
+        return torch.zeros_like(x)
+    assert x.stride(-1) == 1 and w13.stride(-1) == 1 and w2.stride(-1) == 1
+    cfg = config or default_config(num_pairs, num_experts, x.device)
+    bm = cfg["block_m"]
+    sorted_pairs, block_expert = align_by_expert(topk_ids, num_experts, bm)
+    launch = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    precision = dot_precision(x)
+    h = torch.empty(num_pairs, inter, dtype=x.dtype, device=x.device)
+    _gate_up_kernel[(block_expert.numel(), triton.cdiv(inter, cfg["block_n"]))](
+        x, w13, h, sorted_pairs, block_expert,
+        num_pairs, hidden, inter,
+        x.stride(0), w13.stride(0), w13.stride(1), h.stride(0),
+        TOP_K=top_k, ACTIVATION=activation,
+        BLOCK_M=bm, BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"], PRECISION=precision, **launch,
+    )
+    y = torch.empty(num_pairs, hidden, dtype=x.dtype, device=x.device)
+    weights = topk_weights.reshape(-1).contiguous()
+    _down_kernel[(block_expert.numel(), triton.cdiv(hidden, cfg["block_n"]))](
+        h, w2, weights, y, sorted_pairs, block_expert,
+        num_pairs, hidden, inter,
+        h.stride(0), w2.stride(0), w2.stride(1), y.stride(0),
+        BLOCK_M=bm, BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"], PRECISION=precision, **launch,
+    )
+    # k rows per token, summed in fp32 (transformers adds them one expert at a time)
+    return y.view(num_tokens, top_k, hidden).sum(dim=1, dtype=torch.float32).to(x.dtype)

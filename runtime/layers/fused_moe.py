@@ -1,0 +1,60 @@
+"""A mixture-of-experts feed-forward: a router, then the experts' gated MLPs in one fused call.
+
+The experts' weights are stacked ([experts, 2 * inter, hidden] for gate|up, [experts, hidden,
+inter] for down) so one grouped GEMM serves them all (pagoda.kernels.fused_moe). Tensor
+parallelism splits every expert's intermediate dimension, as a dense MLP's: gate and up by rows,
+down by columns, then one all-reduce. Expert parallelism (whole experts per rank) would cut the
+all-reduce traffic at large sizes; it is not done yet.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pagoda.kernels import ops
+from pagoda.runtime.layers.linear import ReplicatedLinear
+from pagoda.runtime.layers.parallel_state import current_tp, divide
+from pagoda.runtime.layers.weight_slice import narrow
+
+# checkpoint names of one expert's three matrices -> (our parameter, part); part 0 = gate, 1 = up
+EXPERT_PARTS = {
+    "w1": ("w13", 0), "w3": ("w13", 1), "w2": ("w2", None),  # Mixtral
+    "gate_proj": ("w13", 0), "up_proj": ("w13", 1), "down_proj": ("w2", None),  # Qwen3-MoE
+}
+
+
+class FusedMoE(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int,
+                 renormalize: bool, activation: str = "silu"):
+        super().__init__()
+        self.tp = current_tp()
+        self.top_k, self.renormalize, self.activation = top_k, renormalize, activation
+        self.inter = divide(intermediate_size, self.tp.size)  # this rank's share of each expert
+        self.gate = ReplicatedLinear(hidden_size, num_experts)  # the router
+        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * self.inter, hidden_size), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, self.inter), requires_grad=False)
+        self.w13.weight_loader = self.w2.weight_loader = self.expert_loader
+
+    def expert_loader(self, param: nn.Parameter, loaded, expert: int, part: int | None) -> None:
+        """One expert's gate, up ([inter, hidden]) or down ([hidden, inter]) matrix, this rank's rows
+        or columns of it."""
+        start = self.tp.rank * self.inter
+        if part is None:
+            param.data[expert].copy_(narrow(loaded, 1, start, self.inter))
+        else:
+            param.data[expert, part * self.inter : (part + 1) * self.inter].copy_(narrow(loaded, 0, start, self.inter))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = ops.moe_route(self.gate(x), self.top_k, self.renormalize)
+        return self.tp.all_reduce(ops.fused_moe(x, self.w13, self.w2, weights, ids, self.activation))
+
+    @staticmethod
+    def expert_checkpoint_shapes(p: str, hidden: int, inter: int, num_experts: int,
+                          names: tuple[str, str, str]) -> list[tuple[str, tuple[int, ...]]]:
+        """names: the checkpoint's (gate, up, down) names, under p + 'experts.N.'."""
+        shapes = [(p + "gate.weight", (num_experts, hidden))]
+        for e in range(num_experts):
+            gate, up, down = (f"{p}experts.{e}.{n}.weight" for n in names)
+            shapes += [(gate, (inter, hidden)), (up, (inter, hidden)), (down, (hidden, inter))]
+        return shapes

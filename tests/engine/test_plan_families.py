@@ -1,0 +1,64 @@
+"""`pagoda plan`'s arithmetic per family, at real sizes, against transformers' own models built on
+the meta device (no memory): total parameters, active parameters of a mixture of experts, and the
+KV bytes per token."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from pagoda.runtime.memory import count_parameters
+from pagoda.runtime.plan import format_plan, make_plan
+
+# The published shapes (config.json fields) of one checkpoint per family.
+REAL = {
+    "Qwen3-30B-A3B": ("Qwen3MoeConfig", dict(
+        hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=48,
+        num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+        norm_topk_prob=True, vocab_size=151936, tie_word_embeddings=False)),
+    "Mixtral-8x7B": ("MixtralConfig", dict(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2, vocab_size=32000)),
+    "Qwen3-8B": ("Qwen3Config", dict(
+        hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False)),
+}
+
+
+def hf_model(config_cls: str, fields: dict):
+    import transformers as tf
+
+    config = getattr(tf, config_cls)(**fields)
+    with torch.device("meta"):
+        model = tf.AutoModelForCausalLM.from_config(config)
+    return config, model
+
+
+@pytest.mark.parametrize("name", list(REAL))
+def test_parameter_counts_match_transformers_at_real_size(name):
+    config_cls, fields = REAL[name]
+    config, model = hf_model(config_cls, fields)
+    as_json = json.loads(config.to_json_string())
+    total = sum(p.numel() for p in model.parameters())
+    assert count_parameters(as_json) == total
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    if experts:  # active = everything but the experts, plus k of each layer's E experts
+        num_experts, top_k = as_json.get("num_experts") or as_json["num_local_experts"], as_json["num_experts_per_tok"]
+        assert count_parameters(as_json, active=True) == total - experts + experts * top_k // num_experts
+    else:
+        assert count_parameters(as_json, active=True) == total
+
+
+def test_plan_prints_active_parameters_of_a_mixture_of_experts(tmp_path):
+    config_cls, fields = REAL["Qwen3-30B-A3B"]
+    config, _ = hf_model(config_cls, fields)
+    config.architectures = ["Qwen3MoeForCausalLM"]
+    config.save_pretrained(tmp_path)
+    plan = make_plan(str(tmp_path), 141.0, dtype="bfloat16", max_model_len=4096)
+    assert plan["num_parameters"] > 30e9 and 3.2e9 < plan["num_active_parameters"] < 3.4e9
+    # K and V of 48 layers of 4 KV heads of 128, in bf16
+    assert plan["kv_bytes_per_token"] == 2 * 48 * 4 * 128 * 2
+    assert plan["weight_bytes"] == plan["num_parameters"] * 2
+    assert "B active per token" in format_plan(plan)
