@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pagoda.runtime.attention_context import AttentionContext, attention_context
 from pagoda.runtime.model_config import ModelConfig
-from pagoda.runtime.model_loader import load_model
-from pagoda.runtime.tiny_models import FAMILIES
+from pagoda.runtime.tools.tiny_models import FAMILIES
+from pagoda.runtime.worker.attention_context import AttentionContext, attention_context
+from pagoda.runtime.worker.model_loader import load_model
 
 BLOCK = 8
 # Per sequence: first prefill, then the extension chunk, then decode steps. Long enough that the

@@ -12,10 +12,10 @@ import torch
 
 from pagoda.runtime import LLM
 from pagoda.runtime.model_config import ModelConfig
-from pagoda.runtime.model_loader import iter_safetensors, load_model
 from pagoda.runtime.models import SUPPORTED_ARCHITECTURES, get_model_class
 from pagoda.runtime.plan import make_plan
-from pagoda.runtime.tiny_models import FAMILIES
+from pagoda.runtime.tools.tiny_models import FAMILIES
+from pagoda.runtime.worker.model_loader import iter_safetensors, load_model
 
 FAMILY_ARCHS = {"Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}
 
