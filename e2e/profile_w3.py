@@ -5,8 +5,8 @@
 Run one --max-num-seqs per process: an engine sizes its KV pool to the whole GPU.
 
 All 512 W3 requests (W1's prompt lengths, outputs randint(64, 512), EOS ignored) are added at once
-to an in-process LLMEngine, which is then stepped with full outputs, each step's outputs encoded as
-deltas and pickled, exactly as server/engine_proc.py does before its socket send. The figure is the
+to an EngineCore, which is then stepped, each step's EngineCoreOutputs pickled exactly as
+core/engine_proc.py does before its socket send. The figure is the
 ceiling the served run could reach if HTTP, tokenization and the load generator cost nothing; the
 served/offline gap splits into (this figure vs served) = the server side, and (W1 vs this figure)
 = what the engine loses to admission churn and the drain at the end. Per-step GPU time, GPU idle
@@ -31,9 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from profile_gpu import StepRecorder, step_kind  # noqa: E402
 
-from pagoda.runtime.core.engine import LLMEngine  # noqa: E402
+from pagoda.runtime.core.engine_core import EngineCore, EngineCoreRequest  # noqa: E402
 from pagoda.runtime.engine_args import EngineArgs  # noqa: E402
-from pagoda.runtime.frontend.engine_deltas import DeltaEncoder  # noqa: E402
 from pagoda.runtime.sampling_params import SamplingParams  # noqa: E402
 from pagoda.runtime.tools.bench import workloads  # noqa: E402
 from pagoda.runtime.worker.model_runner import PendingStep  # noqa: E402
@@ -43,11 +42,11 @@ class HostStages:
     """Host seconds per stage of the step loop, and in Python's garbage collector. The launch is
     split by step kind: an eager (prefill or mixed) step launches every kernel from Python."""
 
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: EngineCore):
         self.totals: dict[str, float] = {}
-        sched, runner, outputs = engine.scheduler, engine.runner, engine.output_processor
+        sched, runner = engine.scheduler, engine.runner
         for obj, name in ((sched, "schedule"), (sched, "schedule_ahead"), (sched, "update_from_output"),
-                          (outputs, "process_tokens"), (outputs, "make_output")):
+                          (engine, "_outputs")):
             setattr(obj, name, self._timed(name, getattr(obj, name)))
         launch = runner.launch
 
@@ -91,11 +90,12 @@ class HostStages:
         gc.callbacks.remove(self._on_gc)
 
 
-def run_load(engine: LLMEngine, recorder: StepRecorder, requests, tag: str) -> dict:
-    encoder = DeltaEncoder()
+def run_load(engine: EngineCore, recorder: StepRecorder, requests, tag: str) -> dict:
+    """What the engine process does: core steps, each one's records pickled for the server."""
+    now = time.monotonic()
     for i, r in enumerate(requests):
         params = SamplingParams(temperature=0, max_tokens=r.output_len, min_tokens=r.output_len, ignore_eos=True)
-        engine.add_request(f"{tag}-{i}", None, r.prompt_token_ids, params)
+        engine.add_request(EngineCoreRequest(f"{tag}-{i}", list(r.prompt_token_ids), params, None, r.output_len, now))
     torch.cuda.synchronize()
     recorder.reset()
     encode_s, steps, batch_sum = 0.0, 0, 0
@@ -103,7 +103,7 @@ def run_load(engine: LLMEngine, recorder: StepRecorder, requests, tag: str) -> d
     while engine.has_unfinished_requests():
         outputs = engine.step()
         t1 = time.perf_counter()
-        pickle.dumps(("step", [], encoder.encode(outputs), None), pickle.HIGHEST_PROTOCOL)
+        pickle.dumps(("step", [], outputs, None), pickle.HIGHEST_PROTOCOL)
         encode_s += time.perf_counter() - t1
         steps += 1
         batch_sum += len(engine.scheduler.running)
@@ -131,11 +131,11 @@ def main() -> int:
               "torch": torch.__version__, "num_requests": args.num_requests, "max_num_batched_tokens": args.mnbt,
               "runs": {}}
     for seqs in args.max_num_seqs:
-        engine = LLMEngine.from_engine_args(EngineArgs(
+        engine = EngineCore(EngineArgs(
             model=str(model), load_format="dummy", max_model_len=2048, max_num_batched_tokens=args.mnbt,
             max_num_seqs=seqs or None, seed=0))
         gc.collect()
-        gc.freeze()  # as server/engine_proc.py does once the engine is built
+        gc.freeze()  # as core/engine_proc.py does once the engine is built
         recorder = StepRecorder(engine)
         stages = HostStages(engine)
         run_load(engine, recorder, warm, "warm")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 class EngineArgs:
     model: str
     tokenizer: str | None = None
+    revision: str | None = None
     dtype: str = "auto"
     device: str = "auto"
     max_model_len: int | None = None
@@ -30,6 +31,7 @@ class EngineArgs:
     usage_context: str = "api_server"
     # Launch the next decode step before reading this one's tokens (vLLM's async scheduling).
     async_scheduling: bool = True
+    max_logprobs: int = 20
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

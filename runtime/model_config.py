@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,25 @@ _DTYPE_NAMES = {
     "bf16": "bfloat16",
 }
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def resolve_model_path(model: str, revision: str | None = None, allow_patterns: list[str] | None = None) -> Path:
+    """A local folder as is; otherwise a Hub id (at `revision`), through huggingface_hub's cache."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+    patterns = allow_patterns or ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
+    try:
+        return Path(snapshot_download(model, revision=revision, allow_patterns=patterns,
+                                      local_files_only=offline))
+    except Exception as exc:  # the hub raises many types; all mean the same to the user
+        where = "the local Hugging Face cache (HF_HUB_OFFLINE=1)" if offline else "the Hugging Face Hub"
+        raise ValueError(
+            f"model {model!r} is not a local folder and could not be found in {where}: {exc}"
+        ) from exc
 
 
 @dataclass(slots=True)

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 # Below this, a temperature means greedy decoding (vLLM's threshold).
 SAMPLING_EPS = 1e-5
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What each RequestOutput of a request holds (vLLM's RequestOutputKind)."""
+
+    CUMULATIVE = 0  # everything so far: all token ids, the whole text
+    DELTA = 1  # only what is new since the previous output (streaming)
+    FINAL_ONLY = 2  # one output, when the request finishes
 
 
 @dataclass(slots=True)
@@ -28,6 +37,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         if self.stop is None:

@@ -6,7 +6,6 @@ A user request with n > 1 becomes n of these (children), which share the prompt'
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
 
 from pagoda.runtime.core.kv.block_hash import BlockHash, hash_block_tokens
@@ -40,27 +39,23 @@ class Request:
     block_size: int
     parent_id: str = ""  # the user's request id; children of an n > 1 request share it
     index: int = 0  # which of the n completions this is
-    arrival_time: float = field(default_factory=time.monotonic)
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     # Rows of steps scheduled ahead that are launched but not yet read back (0, 1 or 2); their
     # slots are allocated and about to be filled.
     num_in_flight_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
-    stop_reason: int | str | None = None
+    stop_reason: int | None = None  # the stop token id that ended it
     num_cached_tokens: int = -1  # prefix-cache hit on first scheduling; -1 until then
     num_preemptions: int = 0
     # Hash of every full block of all_token_ids, chained from the first block (prefix caching).
     block_hashes: list[BlockHash] = field(default_factory=list)
     cache_salt: bytes = b""
-    # Sampling state owned by the model runner: the seeded generator and the logprobs so far.
-    generator: object | None = None
-    logprobs: list = field(default_factory=list)
-    cumulative_logprob: float = 0.0
-    prompt_logprobs: list = field(default_factory=list)
+    # The sampler's seed for an unseeded request, drawn when it first samples (kept across
+    # preemptions, so a recomputed request draws the same tokens).
+    generator: int | None = None
+    num_prompt_logprobs: int = 0  # prompt positions whose logprobs were already reported
     first_scheduled_time: float | None = None
-    first_token_time: float | None = None
-    last_token_time: float | None = None
 
     def __post_init__(self) -> None:
         if not self.parent_id:

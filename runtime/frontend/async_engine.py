@@ -1,15 +1,15 @@
-"""The thread engine client: LLMEngine's step loop runs in a thread of the server's process.
+"""The thread engine client: the engine core's loop runs in a thread of the server's process.
 
-    event loop (HTTP)                             engine thread
-    add_request ── AddCommand ──> inbox (SimpleQueue) ──> engine.add_request, ack ─┐
-    abort       ── AbortCommand ─>                    ──> engine.abort_request     │
-    RequestStream <── loop.call_soon_threadsafe(_on_step, outputs, stats) <────────┴─ engine.step()
+    event loop (HTTP)                            engine thread
+    add_request ── AddCommand ──> inbox (SimpleQueue) ──> run_core_loop: apply, step
+    abort       ── AbortCommand ─>                           │
+    OutputProcessor <── loop.call_soon_threadsafe(_on_message, acks, outputs, stats) ┘
 
-The engine thread owns the LLMEngine: no other thread touches it, so it needs no lock. One
-call_soon_threadsafe per step carries every output of that step. It shares the GIL with the HTTP
-side, so under heavy streaming the step loop waits on Python work it does not own; `--engine-mode
-process` (server/process_engine.py) moves it out. This mode starts faster and lets tests reach into
-the engine object.
+The engine thread owns the EngineCore: no other thread touches it, so it needs no lock. It only
+steps; detokenization, stop strings and outputs happen on the event loop. It shares the GIL with
+the HTTP side, so under heavy streaming the step loop waits on Python work it does not own;
+`--engine-mode process` (frontend/process_engine.py) moves it out. This mode starts faster and
+lets tests reach into the core object.
 """
 
 from __future__ import annotations
@@ -18,40 +18,51 @@ import asyncio
 import logging
 import queue
 import threading
-import time
 
-from pagoda.runtime.frontend.engine_client import (
-    AbortCommand,
-    AddCommand,
-    EngineClient,
-    EngineDeadError,
-    RequestStream,
-    StopCommand,
-    apply_commands,
-    stats_dict,
-)
-
-__all__ = ["AbortCommand", "AddCommand", "AsyncEngine", "EngineDeadError", "RequestStream"]
+from pagoda.runtime.core.core_loop import StopCommand, run_core_loop, stats_dict
+from pagoda.runtime.frontend.engine_client import EngineClient, EngineDeadError
 
 logger = logging.getLogger("pagoda.server")
 
 
+class _ThreadTransport:
+    """The core loop's transport in a thread: an inbox, and callbacks posted to the event loop."""
+
+    def __init__(self, client: AsyncEngine):
+        self.client = client
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+
+    def receive(self, block: bool) -> list:
+        commands = [self.inbox.get()] if block else []  # idle: sleep until there is work
+        while True:
+            try:
+                commands.append(self.inbox.get_nowait())
+            except queue.Empty:
+                return commands
+
+    def send(self, message: tuple) -> None:
+        _, acks, outputs, stats = message
+        self.client._post(self.client._on_message, acks, outputs, stats)
+
+
 class AsyncEngine(EngineClient):
-    def __init__(self, engine, metrics=None, max_queue_len: int | None = None):
-        super().__init__(metrics, max_queue_len, stats_dict(engine.stats()))
-        self.engine = engine
-        self.tokenizer = engine.tokenizer
-        self.max_model_len: int = engine.model_config.max_model_len
-        self.vocab_size = getattr(engine.model_config, "vocab_size", None)
-        self.memory_plan = getattr(engine, "memory_plan", None)
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+    def __init__(self, engine_args, core, tokenizer, max_queue_len: int | None = None):
+        super().__init__(engine_args, core.model_config, tokenizer, stats_dict(core), max_queue_len)
+        self.engine = core
+        self.memory_plan = core.memory_plan
+        self._transport = _ThreadTransport(self)
         self._thread: threading.Thread | None = None
 
     @classmethod
     def from_engine_args(cls, engine_args, **kwargs) -> AsyncEngine:
-        from pagoda.runtime.core.engine import LLMEngine
+        from pagoda.runtime.core.engine_core import EngineCore
+        from pagoda.runtime.frontend.tokenizer import load_tokenizer
+        from pagoda.runtime.model_config import resolve_model_path
 
-        return cls(LLMEngine.from_engine_args(engine_args), **kwargs)
+        core = EngineCore(engine_args)
+        source = engine_args.tokenizer or engine_args.model
+        tokenizer = load_tokenizer(resolve_model_path(source, engine_args.revision), engine_args.chat_template)
+        return cls(engine_args, core, tokenizer, **kwargs)
 
     # ---- lifecycle (event loop side) ----
 
@@ -62,7 +73,7 @@ class AsyncEngine(EngineClient):
 
     async def shutdown(self, timeout: float = 30.0) -> None:
         if self._thread is not None and self._thread.is_alive():
-            self._inbox.put(StopCommand())
+            self._transport.inbox.put(StopCommand())
             await asyncio.to_thread(self._thread.join, timeout)
         self._fail_all(EngineDeadError("the server is shutting down"))
         self.dead_reason = self.dead_reason or "the server is shutting down"
@@ -71,31 +82,12 @@ class AsyncEngine(EngineClient):
         return self._thread is not None and self._thread.is_alive()
 
     def _send(self, command) -> None:
-        self._inbox.put(command)
-
-    # ---- the engine thread ----
+        self._transport.inbox.put(command)
 
     def _run(self) -> None:
-        engine, inbox = self.engine, self._inbox
         try:
-            while True:
-                commands = []
-                if not engine.has_unfinished_requests():
-                    commands.append(inbox.get())  # idle: sleep until there is work
-                while True:
-                    try:
-                        commands.append(inbox.get_nowait())
-                    except queue.Empty:
-                        break
-                if commands:
-                    acks, stop = apply_commands(engine, commands)
-                    self._post(self._on_acks, acks, stats_dict(engine.stats()))
-                    if stop:
-                        self._post(self._on_dead, "the server is shutting down")
-                        return
-                if engine.has_unfinished_requests():
-                    outputs = engine.step()
-                    self._post(self._on_step, outputs, stats_dict(engine.stats()), time.monotonic())
+            run_core_loop(self.engine, self._transport)
+            self._post(self._on_dead, "the server is shutting down")
         except BaseException as exc:  # noqa: BLE001 - any failure takes the engine down
             logger.exception("engine loop failed")
             self._post(self._on_dead, f"engine error: {type(exc).__name__}: {exc}")

@@ -1,10 +1,11 @@
 """What the HTTP side sees of the engine, whichever way the engine core runs.
 
-Two engine clients share this event-loop half: AsyncEngine (server/async_engine.py) steps
-LLMEngine in a thread of this process; ProcessEngine (server/process_engine.py) steps it in a child
-process (server/engine_proc.py), so the step loop never waits on the GIL for HTTP work. Both hand
-every request a RequestStream of cumulative RequestOutputs, and both apply the same commands
-(`apply_commands`) on the engine's side.
+Two engine clients share this event-loop half: AsyncEngine (frontend/async_engine.py) runs the
+core loop in a thread of this process; ProcessEngine (frontend/process_engine.py) runs it in a
+child process (core/engine_proc.py), so the step loop never waits on the GIL for HTTP work. Both
+speak the core loop's commands (core/core_loop.py) and receive its per-step records; everything
+a record becomes (text, stop strings, logprob dicts, metrics) is made here, by the frontend's
+InputProcessor and OutputProcessor, on the event loop.
 """
 
 from __future__ import annotations
@@ -12,8 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
+
+from pagoda.runtime.core.core_loop import AbortCommand, AddCommand
+from pagoda.runtime.frontend.output_processor import OutputProcessor
+from pagoda.runtime.frontend.processor import InputProcessor
+from pagoda.runtime.model_config import ModelConfig
+from pagoda.runtime.sampling_params import RequestOutputKind
 
 logger = logging.getLogger("pagoda.server")
 
@@ -22,39 +28,27 @@ class EngineDeadError(RuntimeError):
     """The engine has stopped; no request can be served until the server restarts."""
 
 
-@dataclass(slots=True)
-class AddCommand:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: Any
-    arrival_time: float
-
-
-@dataclass(slots=True)
-class AbortCommand:
-    request_ids: list[str]
-
-
-class StopCommand:
-    """Ask the engine loop to return; picklable, so it crosses to the engine process too."""
-
-
 class RequestStream:
-    """The newest cumulative RequestOutput of one request, awaited by its HTTP handler. A reader
-    that falls behind skips to the newest output: its next chunk carries everything it missed."""
+    """The outputs of one request, awaited by its HTTP handler. A reader that falls behind gets
+    one output for everything it missed: the newest CUMULATIVE one, or the DELTAs folded together."""
 
-    __slots__ = ("request_id", "finished", "_latest", "_event", "_client")
+    __slots__ = ("request_id", "finished", "_latest", "_event", "_client", "_merge")
 
-    def __init__(self, request_id: str, client: EngineClient):
+    def __init__(self, request_id: str, client: EngineClient, output_kind: RequestOutputKind):
         self.request_id = request_id
         self.finished = False
         self._latest: Any = None
         self._event = asyncio.Event()
         self._client = client
+        self._merge = output_kind == RequestOutputKind.DELTA
 
     def put(self, item) -> None:
-        self._latest = item
+        latest = self._latest
+        if self._merge and latest is not None and not isinstance(latest, BaseException) \
+                and not isinstance(item, BaseException):
+            latest.add(item)
+        else:
+            self._latest = item
         self._event.set()
 
     async def get(self):
@@ -86,19 +80,29 @@ class RequestStream:
 class EngineClient:
     """The event-loop half. Subclasses start the engine side and implement _send and _running."""
 
-    tokenizer: Any
-    max_model_len: int
-    vocab_size: int | None
     memory_plan: Any
 
-    def __init__(self, metrics=None, max_queue_len: int | None = None, stats: dict | None = None):
-        self.metrics = metrics
+    def __init__(self, engine_args, model_config: ModelConfig, tokenizer, stats: dict | None = None,
+                 max_queue_len: int | None = None):
+        self.tokenizer = tokenizer
+        self.max_model_len: int = model_config.max_model_len
+        self.vocab_size: int | None = model_config.vocab_size
         self.max_queue_len = max_queue_len
+        self.processor = InputProcessor(model_config, tokenizer, engine_args.max_logprobs)
+        self.output_processor = OutputProcessor(tokenizer)
         self._streams: dict[str, RequestStream] = {}
         self._stats: dict = stats or {}
         self._pending: dict[str, asyncio.Future] = {}  # adds the engine has not answered yet
         self._loop: asyncio.AbstractEventLoop | None = None
         self.dead_reason: str | None = None
+
+    @property
+    def metrics(self):
+        return self.output_processor.metrics
+
+    @metrics.setter
+    def metrics(self, metrics) -> None:
+        self.output_processor.metrics = metrics
 
     # ---- to implement ----
 
@@ -134,45 +138,36 @@ class EngineClient:
         if request_id in self._streams or request_id in self._pending:
             raise ValueError(f"request id {request_id!r} is already in use")
         now = time.monotonic()
+        requests = self.processor.process(request_id, prompt_token_ids, params, now)
         future = self._loop.create_future()
-        stream = RequestStream(request_id, self)
+        stream = RequestStream(request_id, self, params.output_kind)
+        self.output_processor.add_request(request_id, prompt, prompt_token_ids, params, now)
         self._streams[request_id] = stream
-        if self.metrics is not None:
-            self.metrics.on_arrival(request_id, now)
         self._pending[request_id] = future
-        self._on_add(request_id, prompt, prompt_token_ids, params, now)
-        self._send(AddCommand(request_id, prompt, prompt_token_ids, params, now))
+        self._send(AddCommand(request_id, requests))
         try:
             await future
         except BaseException:
             self._pending.pop(request_id, None)
             self._streams.pop(request_id, None)
-            self._on_forget(request_id)
-            if self.metrics is not None:
-                self.metrics.forget(request_id)  # never served: counts nowhere
-            if not future.done() or future.cancelled():
-                self.abort([request_id])  # the client left before the engine answered
+            self.output_processor.forget(request_id)  # never served: counts nowhere
+            if (not future.done() or future.cancelled()) and self.is_alive:
+                # The client left before the engine answered.
+                self._send(AbortCommand([r.request_id for r in requests]))
             raise
         return stream
 
     def abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
             self._streams.pop(rid, None)
-            self._on_forget(rid)
-            if self.metrics is not None:
-                self.metrics.on_abort(rid)
-        if self.is_alive:
-            self._send(AbortCommand(list(request_ids)))
-
-    def _on_add(self, request_id, prompt, prompt_token_ids, params, arrival_time) -> None:
-        """Hook: the process client starts assembling this request's outputs."""
-
-    def _on_forget(self, request_id: str) -> None:
-        """Hook: the request will get no more outputs on this side."""
+        _, children = self.output_processor.abort_requests(request_ids, time.monotonic())
+        if children and self.is_alive:
+            self._send(AbortCommand(children))
 
     # ---- callbacks, run on the event loop ----
 
-    def _on_acks(self, acks: list[tuple[str, BaseException | None]], stats) -> None:
+    def _on_message(self, acks: list, outputs: list, stats: dict) -> None:
+        """One message of the core loop: add acks, a step's EngineCoreOutputs, the latest stats."""
         self._stats = stats
         for request_id, error in acks:
             future = self._pending.pop(request_id, None)
@@ -182,13 +177,13 @@ class EngineClient:
                 future.set_result(None)
             else:
                 future.set_exception(error)
-
-    def _on_step(self, outputs: list, stats, now: float) -> None:
-        self._stats = stats
-        metrics, streams = self.metrics, self._streams
-        for out in outputs:
-            if metrics is not None:
-                metrics.on_output(out, now)
+        if not outputs:
+            return
+        request_outputs, stopped = self.output_processor.process_outputs(outputs, time.monotonic())
+        if stopped and self.is_alive:
+            self._send(AbortCommand(stopped))  # stop strings: the core stops them too
+        streams = self._streams
+        for out in request_outputs:
             stream = streams.get(out.request_id)
             if stream is not None:
                 stream.put(out)
@@ -207,8 +202,8 @@ class EngineClient:
         self._pending.clear()
         for stream in self._streams.values():
             stream.put(error)
-        for rid in list(self._streams):
-            self._on_forget(rid)
+        for rid in list(self.output_processor.states):
+            self.output_processor.forget(rid)
         self._streams.clear()
 
     def _post(self, callback, *args) -> None:
@@ -217,38 +212,3 @@ class EngineClient:
             self._loop.call_soon_threadsafe(callback, *args)
         except RuntimeError:  # the loop is closed: the server is gone
             pass
-
-
-# ---- the engine's side: the same in its thread and in its process ----
-
-
-def apply_commands(engine, commands: list) -> tuple[list[tuple[str, BaseException | None]], bool]:
-    """Apply adds and aborts in order; returns the adds' acks and whether a stop was asked."""
-    acks, stop = [], False
-    for cmd in commands:
-        if isinstance(cmd, StopCommand):
-            stop = True
-        elif isinstance(cmd, AddCommand):
-            try:
-                engine.add_request(cmd.request_id, cmd.prompt, cmd.prompt_token_ids, cmd.params,
-                                   arrival_time=cmd.arrival_time)
-                acks.append((cmd.request_id, None))
-            except Exception as exc:  # a bad request must not take the others down
-                acks.append((cmd.request_id, exc))
-                safe_abort(engine, [cmd.request_id])
-        else:
-            safe_abort(engine, cmd.request_ids)
-    return acks, stop
-
-
-def safe_abort(engine, request_ids: list[str]) -> None:
-    try:
-        engine.abort_request(request_ids)
-    except Exception:  # an unknown or finished id is not an error worth stopping for
-        logger.debug("abort of %s failed", request_ids, exc_info=True)
-
-
-def stats_dict(stats) -> dict:
-    if is_dataclass(stats):
-        return asdict(stats)
-    return dict(stats or {})

@@ -5,11 +5,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from pagoda.runtime.core.engine import LLMEngine
 from pagoda.runtime.engine_args import EngineArgs
+from pagoda.runtime.frontend.llm_engine import LLMEngine
 from pagoda.runtime.frontend.outputs import RequestOutput
 from pagoda.runtime.frontend.tokenizer import apply_chat_template
-from pagoda.runtime.sampling_params import SamplingParams
+from pagoda.runtime.sampling_params import RequestOutputKind, SamplingParams
 
 
 class LLM:
@@ -127,9 +127,13 @@ class LLM:
     def _run(self, texts, token_ids, params, use_tqdm: bool) -> list[RequestOutput]:
         engine = self.llm_engine
         order = {}
+        final_only: dict[int, SamplingParams] = {}  # only finished outputs are read here
         for text, ids, p in zip(texts, token_ids, params):
             request_id = str(next(self._counter))
             order[request_id] = len(order)
+            if p.output_kind != RequestOutputKind.FINAL_ONLY:
+                p = final_only.get(id(p)) or final_only.setdefault(
+                    id(p), p.clone(output_kind=RequestOutputKind.FINAL_ONLY))
             engine.add_request(request_id, text, ids, p)
         bar = None
         if use_tqdm:
@@ -139,8 +143,7 @@ class LLM:
         finished: dict[str, RequestOutput] = {}
         try:
             while engine.has_unfinished_requests():
-                # Only finished outputs are read here, so unfinished ones are not even built.
-                for out in engine.step(final_only=True):
+                for out in engine.step():
                     if out.finished and out.request_id in order:
                         finished[out.request_id] = out
                         if bar is not None:

@@ -1,17 +1,41 @@
-"""OutputProcessor: turns requests' new tokens into RequestOutputs, one per user request.
+"""OutputProcessor: the engine core's per-step records -> RequestOutputs, one per user request.
 
-It owns each request's detokenizers (one per completion), its logprobs in vLLM's shape, and the
-stop-string check; the engine finishes whatever a stop string ended.
+It is the frontend's half of a step (vLLM V1's OutputProcessor). For each request it owns one
+incremental detokenizer per completion, the stop-string check, the logprobs in vLLM's shape, the
+clock (first token, last token, finish) and the metrics. A stop string it finds ends the
+completion here, and its id is returned so the caller aborts it in the core; that costs at most
+the token already in flight. It yields what each request's output_kind asks for: everything so
+far, the new part only (DELTA, for streams), or one output at the end (FINAL_ONLY); a request
+whose text nobody reads before it finishes is detokenized once, at the end.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from pagoda.runtime.core.request import Request, RequestStatus
+from pagoda.runtime.core.outputs import EngineCoreOutput, TokenLogprobs
 from pagoda.runtime.frontend.detokenizer import IncrementalDetokenizer
 from pagoda.runtime.frontend.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from pagoda.runtime.worker.sampler import TokenLogprobs
+from pagoda.runtime.frontend.processor import child_ids
+from pagoda.runtime.sampling_params import RequestOutputKind, SamplingParams
+
+DELTA, FINAL_ONLY = RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY
+
+
+@dataclass(slots=True)
+class CompletionState:
+    index: int
+    detokenizer: IncrementalDetokenizer
+    logprobs: list[dict[int, Logprob]] | None
+    token_ids: list[int] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    first_scheduled_time: float | None = None
+    num_preemptions: int = 0
+    # DELTA: how much of each was already handed out.
+    sent_tokens: int = 0
+    sent_text: int = 0
 
 
 @dataclass(slots=True)
@@ -19,40 +43,191 @@ class RequestState:
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
-    children: list[Request]
-    detokenizers: list[IncrementalDetokenizer]
+    output_kind: RequestOutputKind
+    completions: list[CompletionState]
     metrics: RequestMetrics
-    logprobs: list[list[dict[int, Logprob]]] = field(default_factory=list)
-    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
-    counted_prompt: bool = False
-
-    @property
-    def finished(self) -> bool:
-        return all(c.is_finished for c in self.children)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None
+    num_unfinished: int
+    num_cached_tokens: int = 0
+    sent_prompt_logprobs: int = 0
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, metrics=None):
         self.tokenizer = tokenizer
+        # Anything with on_first_token / on_tokens / on_finish (the server's ServerMetrics).
+        self.metrics = metrics
         self.states: dict[str, RequestState] = {}
+        self._children: dict[str, tuple[RequestState, CompletionState]] = {}
         self._piece_cache: dict[int, str] = {}
-        self.prompt_tokens = 0
-        self.generation_tokens = 0
 
-    def add_request(self, prompt: str | None, children: list[Request], metrics: RequestMetrics) -> None:
-        first = children[0]
-        params = first.sampling_params
-        self.states[first.parent_id] = RequestState(
-            request_id=first.parent_id,
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.states)
+
+    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                    params: SamplingParams, arrival_time: float) -> None:
+        if request_id in self.states:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        want_lp = params.logprobs is not None
+        state = RequestState(
+            request_id=request_id,
             prompt=prompt,
-            prompt_token_ids=first.prompt_token_ids,
-            children=children,
-            detokenizers=[
-                IncrementalDetokenizer(self.tokenizer, first.prompt_token_ids, params) for _ in children
+            prompt_token_ids=list(prompt_token_ids),
+            output_kind=params.output_kind,
+            completions=[
+                CompletionState(i, IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params),
+                                [] if want_lp else None)
+                for i in range(params.n)
             ],
-            metrics=metrics,
-            logprobs=[[] for _ in children] if params.logprobs is not None else [],
+            metrics=RequestMetrics(arrival_time=arrival_time),
             prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
+            num_unfinished=params.n,
+        )
+        self.states[request_id] = state
+        for child, c in zip(child_ids(request_id, params.n), state.completions):
+            self._children[child] = (state, c)
+
+    def forget(self, request_id: str) -> None:
+        """Drop a request the core never took (its add failed): it counts nowhere."""
+        state = self.states.pop(request_id, None)
+        if state is not None:
+            for child in child_ids(request_id, len(state.completions)):
+                self._children.pop(child, None)
+
+    def abort_requests(self, request_ids: list[str], now: float) -> tuple[list[RequestOutput], list[str]]:
+        """End these user requests with finish_reason "abort". Returns their final outputs and
+        the ids of the core requests (children) to abort."""
+        outputs, to_abort = [], []
+        for request_id in request_ids:
+            state = self.states.get(request_id)
+            if state is None:
+                continue
+            for child, c in zip(child_ids(request_id, len(state.completions)), state.completions):
+                if c.finish_reason is None:
+                    c.finish_reason = "abort"
+                    to_abort.append(child)
+                self._children.pop(child, None)
+            state.num_unfinished = 0
+            outputs.append(self._finish(state, now))
+        return outputs, to_abort
+
+    def process_outputs(self, core_outputs: list[EngineCoreOutput], now: float
+                        ) -> tuple[list[RequestOutput], list[str]]:
+        """One step's records -> the RequestOutputs due now, and the core requests a stop string
+        ended (to abort in the core)."""
+        touched: dict[str, RequestState] = {}
+        new_tokens: dict[str, int] = {}
+        to_abort: list[str] = []
+        children = self._children
+        for o in core_outputs:
+            entry = children.get(o.request_id)
+            if entry is None:
+                continue  # aborted or stopped by a stop string since: a row that was in flight
+            state, c = entry
+            if o.new_prompt_logprobs and state.prompt_logprobs is not None and c.index == 0:
+                state.prompt_logprobs.extend(self._logprob_dict(e) for e in o.new_prompt_logprobs)
+            state.num_cached_tokens = o.num_cached_tokens
+            c.first_scheduled_time, c.num_preemptions = o.first_scheduled_time, o.num_preemptions
+            touched[state.request_id] = state
+            if not o.new_token_ids:
+                continue
+            new_tokens[state.request_id] = new_tokens.get(state.request_id, 0) + len(o.new_token_ids)
+            c.token_ids.extend(o.new_token_ids)
+            if o.new_logprobs and c.logprobs is not None:
+                for lp in o.new_logprobs:
+                    c.logprobs.append(self._logprob_dict(lp))
+                    c.cumulative_logprob += lp.logprobs[0]
+            stop_str = c.detokenizer.update(o.new_token_ids, o.finish_reason == "stop")
+            if stop_str is not None:  # a stop string wins over a length cap on the same token
+                c.finish_reason, c.stop_reason = "stop", stop_str
+                if o.finish_reason is None:
+                    to_abort.append(o.request_id)
+            elif o.finish_reason is not None:
+                c.finish_reason, c.stop_reason = o.finish_reason, o.stop_reason
+            if c.finish_reason is not None:
+                del children[o.request_id]
+                state.num_unfinished -= 1
+        outputs = []
+        for request_id, state in touched.items():
+            if request_id in new_tokens:
+                self._clock(state, new_tokens[request_id], now)
+            if state.num_unfinished == 0:
+                outputs.append(self._finish(state, now))
+            elif state.output_kind != FINAL_ONLY and request_id in new_tokens:
+                outputs.append(self._make_output(state, False))
+        return outputs, to_abort
+
+    # ---- helpers ------------------------------------------------------------------------------
+
+    def _clock(self, state: RequestState, num_new: int, now: float) -> None:
+        m, metrics = state.metrics, self.metrics
+        if m.first_token_time is None:
+            m.first_token_time = now
+            if metrics is not None:
+                scheduled = _first_scheduled(state)
+                metrics.on_first_token(len(state.prompt_token_ids), now - m.arrival_time,
+                                       max(0.0, (scheduled or now) - m.arrival_time))
+        elif metrics is not None:
+            metrics.on_inter_token(now - m.last_token_time)
+        m.last_token_time = now
+        if metrics is not None:
+            metrics.on_tokens(num_new)
+
+    def _finish(self, state: RequestState, now: float) -> RequestOutput:
+        del self.states[state.request_id]
+        state.metrics.finished_time = now
+        if self.metrics is not None:
+            self.metrics.on_finish(_finish_reason(state), now - state.metrics.arrival_time)
+        return self._make_output(state, True)
+
+    def _make_output(self, state: RequestState, finished: bool) -> RequestOutput:
+        delta = state.output_kind == DELTA
+        outputs = []
+        for c in state.completions:
+            done = c.finish_reason is not None
+            detok = c.detokenizer
+            if done and not isinstance(c.stop_reason, str):
+                detok.flush()  # a stop string already ended the text where it belongs
+            text = detok.get_text(done)
+            token_ids, logprobs = c.token_ids, c.logprobs
+            if delta:
+                text, c.sent_text = text[c.sent_text:], len(text)
+                token_ids = token_ids[c.sent_tokens:]
+                if logprobs is not None:
+                    logprobs = logprobs[c.sent_tokens:]
+                c.sent_tokens = len(c.token_ids)
+            else:
+                token_ids = list(token_ids)
+                logprobs = list(logprobs) if logprobs is not None else None
+            outputs.append(CompletionOutput(
+                index=c.index,
+                text=text,
+                token_ids=token_ids,
+                cumulative_logprob=c.cumulative_logprob if c.logprobs is not None else None,
+                logprobs=logprobs,
+                finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason,
+            ))
+        m = state.metrics
+        m.first_scheduled_time = _first_scheduled(state)
+        m.num_preemptions = sum(c.num_preemptions for c in state.completions)
+        prompt_logprobs = state.prompt_logprobs
+        if prompt_logprobs is not None:
+            if delta:
+                prompt_logprobs, state.sent_prompt_logprobs = (prompt_logprobs[state.sent_prompt_logprobs:],
+                                                               len(prompt_logprobs))
+            else:
+                prompt_logprobs = list(prompt_logprobs)
+        return RequestOutput(
+            request_id=state.request_id,
+            prompt=state.prompt,
+            prompt_token_ids=state.prompt_token_ids,
+            prompt_logprobs=prompt_logprobs,
+            outputs=outputs,
+            finished=finished,
+            num_cached_tokens=state.num_cached_tokens,
+            metrics=RequestMetrics(m.arrival_time, m.first_scheduled_time, m.first_token_time,
+                                   m.last_token_time, m.finished_time, m.num_preemptions),
         )
 
     def _piece(self, token_id: int) -> str:
@@ -61,84 +236,23 @@ class OutputProcessor:
             piece = self._piece_cache[token_id] = self.tokenizer.decode([token_id])
         return piece
 
-    def to_logprob_dict(self, tl: TokenLogprobs) -> dict[int, Logprob]:
+    def _logprob_dict(self, tl: TokenLogprobs) -> dict[int, Logprob]:
         out: dict[int, Logprob] = {}
         for t, lp, rank in zip(tl.token_ids, tl.logprobs, tl.ranks):
             if t not in out:  # the sampled token comes first and may also be in the top-k
                 out[t] = Logprob(lp, rank, self._piece(t))
         return out
 
-    def add_prompt_logprobs(self, request: Request, entries: list[TokenLogprobs]) -> None:
-        request.prompt_logprobs.extend(entries)
-        state = self.states.get(request.parent_id)
-        if state is not None and request.index == 0 and state.prompt_logprobs is not None:
-            state.prompt_logprobs.extend(self.to_logprob_dict(e) for e in entries)
 
-    def process_tokens(
-        self, updated: list[Request], logprobs: dict[str, TokenLogprobs], now: float
-    ) -> tuple[list[Request], set[str]]:
-        """Detokenize each request's new token. Returns the requests a stop string has ended
-        (still to be finished by the engine) and the ids of the user requests that progressed."""
-        stopped, touched = [], set()
-        for r in updated:
-            state = self.states[r.parent_id]
-            touched.add(r.parent_id)
-            token = r.output_token_ids[-1]
-            m = state.metrics
-            if m.first_token_time is None:
-                m.first_token_time = now
-            m.last_token_time = now
-            self.generation_tokens += 1
-            if not state.counted_prompt:
-                state.counted_prompt = True
-                self.prompt_tokens += r.num_prompt_tokens
-            lp = logprobs.get(r.request_id)
-            if lp is not None and state.logprobs:
-                state.logprobs[r.index].append(self.to_logprob_dict(lp))
-                r.cumulative_logprob += lp.logprobs[0]
-            stop_terminated = r.status == RequestStatus.FINISHED_STOPPED
-            stop_str = state.detokenizers[r.index].update([token], stop_terminated)
-            if stop_str is not None:
-                r.stop_reason = stop_str
-                if r.is_finished:  # by length on the same token: the stop string wins, as in vLLM
-                    r.status = RequestStatus.FINISHED_STOPPED
-                else:
-                    stopped.append(r)
-        return stopped, touched
+def _first_scheduled(state: RequestState) -> float | None:
+    times = [c.first_scheduled_time for c in state.completions if c.first_scheduled_time is not None]
+    return min(times) if times else None
 
-    def make_output(self, request_id: str, now: float) -> RequestOutput:
-        state = self.states[request_id]
-        finished = state.finished
-        outputs = []
-        for r, detok in zip(state.children, state.detokenizers):
-            if r.is_finished and not isinstance(r.stop_reason, str):
-                detok.flush()  # a stop string already ended the text where it belongs
-            want_lp = bool(state.logprobs)
-            outputs.append(
-                CompletionOutput(
-                    index=r.index,
-                    text=detok.get_text(r.is_finished),
-                    token_ids=list(r.output_token_ids),
-                    cumulative_logprob=r.cumulative_logprob if want_lp else None,
-                    logprobs=list(state.logprobs[r.index]) if want_lp else None,
-                    finish_reason=r.status.finish_reason,
-                    stop_reason=r.stop_reason,
-                )
-            )
-        m = state.metrics
-        m.num_preemptions = sum(c.num_preemptions for c in state.children)
-        scheduled = [c.first_scheduled_time for c in state.children if c.first_scheduled_time is not None]
-        m.first_scheduled_time = min(scheduled) if scheduled else None
-        if finished:
-            m.finished_time = now
-            del self.states[request_id]
-        return RequestOutput(
-            request_id=request_id,
-            prompt=state.prompt,
-            prompt_token_ids=state.prompt_token_ids,
-            prompt_logprobs=list(state.prompt_logprobs) if state.prompt_logprobs is not None else None,
-            outputs=outputs,
-            finished=finished,
-            num_cached_tokens=max(state.children[0].num_cached_tokens, 0),
-            metrics=replace(m),
-        )
+
+def _finish_reason(state: RequestState) -> str:
+    reasons = [c.finish_reason for c in state.completions if c.finish_reason]
+    if "abort" in reasons:
+        return "abort"
+    if "length" in reasons:
+        return "length"
+    return reasons[0] if reasons else "stop"

@@ -1,11 +1,13 @@
 """What the engine hands back: one RequestOutput per request, holding its n completions.
 
-The shapes are vLLM's, so code written against vLLM's offline API reads these unchanged.
+The shapes are vLLM's, so code written against vLLM's offline API reads these unchanged. What an
+output holds follows its request's output_kind: everything so far (CUMULATIVE), what is new since
+the previous output (DELTA), or the whole result once, at the end (FINAL_ONLY).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(slots=True)
@@ -56,4 +58,19 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
-    extra: dict = field(default_factory=dict)
+
+    def add(self, later: RequestOutput) -> None:
+        """Fold a later DELTA output of the same request into this one (a reader that fell behind
+        then gets one output that carries everything it missed)."""
+        for c, new in zip(self.outputs, later.outputs):
+            c.text += new.text
+            c.token_ids.extend(new.token_ids)
+            if new.logprobs:
+                c.logprobs = (c.logprobs or []) + new.logprobs
+            c.cumulative_logprob = new.cumulative_logprob
+            c.finish_reason, c.stop_reason = new.finish_reason, new.stop_reason
+        if later.prompt_logprobs:
+            self.prompt_logprobs = (self.prompt_logprobs or []) + later.prompt_logprobs
+        self.finished = later.finished
+        self.num_cached_tokens = later.num_cached_tokens
+        self.metrics = later.metrics

@@ -1,14 +1,13 @@
-"""The process engine client: LLMEngine steps in a child process (server/engine_proc.py).
+"""The process engine client: the engine core steps in a child process (core/engine_proc.py).
 
     event loop (HTTP)                    server threads                 engine process
     add_request / abort ── outbox ──> writer: one pickled batch ──socket──> drain, apply, step
-    RequestStream <── _on_message <── reader: unpickle, post  <──socket── ("step", acks, deltas, stats)
+    OutputProcessor <── _on_message <── reader: unpickle, post <──socket── ("step", acks, outputs, stats)
 
 With the engine in a thread, every SSE chunk the server writes holds the GIL the step loop needs:
 at full load hundreds of streams cost the engine a quarter of its throughput. Here the server's
-process does only HTTP work, and the engine's process only steps. The engine sends each step's new
-tokens as deltas; the OutputAssembler rebuilds the cumulative outputs the handlers read, so
-everything above the engine client is the same in both modes.
+process does the HTTP work and the frontend's (detokenization, stop strings, outputs), and the
+engine's process only steps. Everything above the engine client is the same in both modes.
 
 The two threads keep the event loop off the socket: the writer may block while the engine is deep
 in a step and its receive buffer is full, and the reader blocks waiting for the next step.
@@ -27,9 +26,9 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
+from pagoda.runtime.core.core_loop import StopCommand
 from pagoda.runtime.core.engine_proc import EngineInfo, recv, send
-from pagoda.runtime.frontend.engine_client import EngineClient, EngineDeadError, StopCommand
-from pagoda.runtime.frontend.engine_deltas import OutputAssembler
+from pagoda.runtime.frontend.engine_client import EngineClient, EngineDeadError
 
 logger = logging.getLogger("pagoda.server")
 
@@ -81,37 +80,36 @@ def _stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
 
 
 class ProcessEngine(EngineClient):
-    def __init__(self, proc: subprocess.Popen, conn: Connection, info: EngineInfo, tokenizer,
-                 metrics=None, max_queue_len: int | None = None):
-        super().__init__(metrics, max_queue_len, info.stats)
+    def __init__(self, engine_args, proc: subprocess.Popen, conn: Connection, info: EngineInfo, model_config,
+                 tokenizer, max_queue_len: int | None = None):
+        super().__init__(engine_args, model_config, tokenizer, info.stats, max_queue_len)
         self.proc = proc
-        self.tokenizer = tokenizer
-        self.max_model_len = info.max_model_len
-        self.vocab_size = info.vocab_size
         self.memory_plan = info.memory_plan
         self._conn = conn
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._assembler = OutputAssembler()
         self._threads: list[threading.Thread] = []
         self._stopping = False
 
     @classmethod
     def from_engine_args(cls, engine_args, log_level: str | None = None, **kwargs) -> ProcessEngine:
         from pagoda.runtime.frontend.tokenizer import load_tokenizer
-        from pagoda.runtime.worker.model_loader import resolve_model_path
+        from pagoda.runtime.model_config import ModelConfig, resolve_model_path
 
         if log_level is None:
             log_level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
         proc, conn, info = launch_engine_process(engine_args, log_level)
         try:
             # After the engine loaded: a Hub model is in the local cache by now.
-            source = engine_args.tokenizer or engine_args.model
-            tokenizer = load_tokenizer(resolve_model_path(source), engine_args.chat_template)
+            path = resolve_model_path(engine_args.model, engine_args.revision)
+            model_config = ModelConfig.from_path(path, engine_args.dtype, engine_args.max_model_len)
+            source = resolve_model_path(engine_args.tokenizer, engine_args.revision) if engine_args.tokenizer \
+                else path
+            tokenizer = load_tokenizer(source, engine_args.chat_template)
         except BaseException:
             conn.close()
             _stop(proc)
             raise
-        return cls(proc, conn, info, tokenizer, **kwargs)
+        return cls(engine_args, proc, conn, info, model_config, tokenizer, **kwargs)
 
     # ---- lifecycle (event loop side) ----
 
@@ -139,12 +137,6 @@ class ProcessEngine(EngineClient):
 
     def _send(self, command) -> None:
         self._outbox.put(command)
-
-    def _on_add(self, request_id, prompt, prompt_token_ids, params, arrival_time) -> None:
-        self._assembler.add(request_id, prompt, prompt_token_ids, params, arrival_time)
-
-    def _on_forget(self, request_id: str) -> None:
-        self._assembler.forget(request_id)
 
     # ---- server threads ----
 
@@ -175,7 +167,7 @@ class ProcessEngine(EngineClient):
             except (EOFError, OSError):
                 break
             if message[0] == "step":
-                self._post(self._on_message, message[1], message[2], message[3])
+                self._post(self._on_message, *message[1:])
             elif message[0] == "dead":
                 self._post(self._on_dead, message[1])
         if not self._stopping:
@@ -185,12 +177,3 @@ class ProcessEngine(EngineClient):
                 code = None
             logger.error("the engine process exited (code %s)", code)
             self._post(self._on_dead, f"the engine process exited unexpectedly (code {code})")
-
-    # ---- on the event loop ----
-
-    def _on_message(self, acks, deltas, stats) -> None:
-        if acks:
-            self._on_acks(acks, stats)
-        now = time.monotonic()
-        self._on_step(self._assembler.apply(deltas, now), stats, now)
-

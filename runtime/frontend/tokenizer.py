@@ -37,7 +37,3 @@ def apply_chat_template(
         tokenize=False,
         **kwargs,
     )
-
-
-def encode_prompt(tokenizer, prompt: str, add_special_tokens: bool = True) -> list[int]:
-    return tokenizer.encode(prompt, add_special_tokens=add_special_tokens)

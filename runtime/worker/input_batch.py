@@ -185,7 +185,7 @@ class BatchBuilder:
                 batch.sample_requests.append(r)
             if r.wants_prompt_logprobs:
                 # Row p predicts prompt token p + 1; take the ones not reported yet.
-                first = max(start + 1, 1 + len(r.prompt_logprobs))
+                first = max(start + 1, 1 + r.num_prompt_logprobs)
                 last = min(end + 1, r.num_prompt_tokens)
                 if first < last:
                     batch.prompt_rows.append((r, row0 + first - 1 - start, first, last))

@@ -8,7 +8,6 @@ shard: the weight loaders take lazy safetensors slices and read the rows or colu
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,24 +18,6 @@ from pagoda.runtime.model_config import ModelConfig
 from pagoda.runtime.models.registry import get_model_class
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def resolve_model_path(model: str, allow_patterns: list[str] | None = None) -> Path:
-    """A local folder as is; otherwise a Hub id, through huggingface_hub's cache."""
-    path = Path(model).expanduser()
-    if path.is_dir():
-        return path
-    from huggingface_hub import snapshot_download
-
-    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
-    patterns = allow_patterns or ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
-    try:
-        return Path(snapshot_download(model, allow_patterns=patterns, local_files_only=offline))
-    except Exception as exc:  # the hub raises many types; all mean the same to the user
-        where = "the local Hugging Face cache (HF_HUB_OFFLINE=1)" if offline else "the Hugging Face Hub"
-        raise ValueError(
-            f"model {model!r} is not a local folder and could not be found in {where}: {exc}"
-        ) from exc
 
 
 def iter_safetensors(path: Path, lazy: bool = False) -> Iterator[tuple[str, object]]:

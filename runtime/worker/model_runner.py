@@ -22,6 +22,7 @@ import torch
 
 from pagoda.kernels import ops
 from pagoda.runtime.core.kv.kv_cache_manager import KVCacheManager
+from pagoda.runtime.core.outputs import TokenLogprobs
 from pagoda.runtime.core.request import Request
 from pagoda.runtime.core.scheduler import SchedulerOutput
 from pagoda.runtime.model_config import ModelConfig
@@ -29,7 +30,7 @@ from pagoda.runtime.worker.attention_context import AttentionContext, attention_
 from pagoda.runtime.worker.cuda_graphs import DecodeGraphs, capture_sizes, padded_size
 from pagoda.runtime.worker.input_batch import BatchBuilder, InputBuffers, StepBatch
 from pagoda.runtime.worker.model_loader import TORCH_DTYPES, load_model
-from pagoda.runtime.worker.sampler import Sampler, TokenLogprobs, gather_logprobs, index_on
+from pagoda.runtime.worker.sampler import Sampler, gather_logprobs, index_on
 
 logger = logging.getLogger(__name__)
 
@@ -253,9 +254,6 @@ class ModelRunner:
         )
         with attention_context(ctx):
             return self.model(b.input_ids[:t], b.positions[:t])
-
-    def execute(self, sched: SchedulerOutput, kv: KVCacheManager) -> ModelRunnerOutput:
-        return self.launch(sched, kv).wait()
 
     @torch.inference_mode()
     def launch(

@@ -12,27 +12,12 @@ an unseeded one gets a seed from the engine's generator the first time it sample
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
 import torch
 
 from pagoda.kernels import ops
+from pagoda.runtime.core.outputs import TokenLogprobs
 from pagoda.runtime.core.request import Request
-
-
-@dataclass(slots=True)
-class TokenLogprobs:
-    """The sampled (or prompt) token first, then the top-k; ranks are 1-based."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    ranks: list[int]
-
-
-@dataclass(slots=True)
-class SamplerOutput:
-    token_ids: list[int]
-    logprobs: list[TokenLogprobs | None]
 
 
 def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: list[int]) -> list[TokenLogprobs]:
@@ -87,10 +72,6 @@ class Sampler:
         self.vocab_size = vocab_size
         self.device = device
         self.rng = random.Random(seed)
-
-    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
-        tokens, logprobs = self.sample(logits, requests)
-        return SamplerOutput(tokens.tolist(), logprobs)  # waits for the GPU
 
     def sample(
         self, logits: torch.Tensor, requests: list[Request], pending: int = 0

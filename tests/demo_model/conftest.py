@@ -134,8 +134,8 @@ def hf_greedy(hf_model) -> Callable[[list[int], int], tuple[list[int], list[floa
 
 @pytest.fixture(scope="session")
 def make_engine(demo_model):
-    from pagoda.runtime.core.engine import LLMEngine
     from pagoda.runtime.engine_args import EngineArgs
+    from pagoda.runtime.frontend.llm_engine import LLMEngine
 
     def make(**overrides):
         args = dict(model=str(demo_model), dtype="float32", device="cpu", num_kv_blocks=NUM_KV_BLOCKS)

@@ -4,8 +4,8 @@ very same tokens, stops and finish reasons as synchronous scheduling, and loses 
 from __future__ import annotations
 
 from pagoda.runtime import SamplingParams
-from pagoda.runtime.core.engine import LLMEngine
 from pagoda.runtime.engine_args import EngineArgs
+from pagoda.runtime.frontend.llm_engine import LLMEngine
 
 from .conftest import make_prompts
 

@@ -163,7 +163,7 @@ def test_max_num_seqs_defaults_by_gpu_memory(tiny_models, monkeypatch):
     """1024 seats on a GPU of 70 GiB or more, 256 elsewhere (vLLM's defaults); a given value wins."""
     from types import SimpleNamespace
 
-    from pagoda.runtime.core import engine as engine_module
+    from pagoda.runtime.core import engine_core as engine_module
 
     assert engine_module.default_max_num_seqs(torch.device("cpu")) == 256
     for gib, want in ((80, 1024), (40, 256)):

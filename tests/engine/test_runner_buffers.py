@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from pagoda.runtime import LLM, SamplingParams
-from pagoda.runtime.core.engine import LLMEngine
 from pagoda.runtime.engine_args import EngineArgs
+from pagoda.runtime.frontend.llm_engine import LLMEngine
 
 from .conftest import make_prompts
 

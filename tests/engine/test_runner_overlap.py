@@ -1,13 +1,14 @@
-"""The overlapped step: outputs built one step late, lazy detokenization, final-only outputs and
-the decode fast path of the KV manager, each checked against the path it replaces."""
+"""The overlapped step: a step's records turned into outputs during the next step, lazy
+detokenization, final-only outputs and the decode fast path of the KV manager, each checked
+against the path it replaces."""
 
 from __future__ import annotations
 
-from pagoda.runtime.core.engine import LLMEngine
 from pagoda.runtime.core.kv.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.request import Request
 from pagoda.runtime.engine_args import EngineArgs
-from pagoda.runtime.sampling_params import SamplingParams
+from pagoda.runtime.frontend.llm_engine import LLMEngine
+from pagoda.runtime.sampling_params import RequestOutputKind, SamplingParams
 
 from .conftest import make_prompts
 
@@ -22,11 +23,13 @@ def _engine(path: str, **kwargs) -> LLMEngine:
 def _run(engine: LLMEngine, params: list[SamplingParams], final_only: bool = False):
     """Every output per request id in arrival order, and the step each came back in."""
     for i, (p, sp) in enumerate(zip(make_prompts(seed=3, lengths=LENGTHS), params)):
+        if final_only:
+            sp = sp.clone(output_kind=RequestOutputKind.FINAL_ONLY)
         engine.add_request(str(i), None, p, sp)
     seen: dict[str, list] = {}
     step = 0
     while engine.has_unfinished_requests():
-        for out in engine.step(final_only=final_only):
+        for out in engine.step():
             seen.setdefault(out.request_id, []).append((step, out))
         step += 1
     return seen
@@ -84,16 +87,17 @@ def test_abort_while_outputs_are_deferred(tiny_models):
     engine = _engine(tiny_models["llama"])
     for i, p in enumerate(make_prompts(seed=4, lengths=[5, 12])):
         engine.add_request(str(i), None, p, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
-    engine.step()  # prefills: first tokens, reported at once
-    engine.step()  # second tokens: their outputs wait for the next step
-    assert engine._deferred
+    engine.step()  # prefills: their records wait for the next step
+    engine.step()  # second tokens: the first ones come out, the second ones wait
+    assert engine._records
     engine.abort_request("0")
     outs = []
     while engine.has_unfinished_requests():
         outs += engine.step()
     zero = [o for o in outs if o.request_id == "0"]
-    assert len(zero) == 1 and zero[0].finished and zero[0].outputs[0].finish_reason == "abort"
-    assert len(zero[0].outputs[0].token_ids) == 2
+    # The tokens the core already made are not lost: the abort's output holds both.
+    assert [o.finished for o in zero] == [False] * (len(zero) - 1) + [True]
+    assert zero[-1].outputs[0].finish_reason == "abort" and len(zero[-1].outputs[0].token_ids) == 2
     one = [o for o in outs if o.request_id == "1"]
     assert one[-1].finished and len(one[-1].outputs[0].token_ids) == 20
 

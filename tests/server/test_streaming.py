@@ -133,6 +133,32 @@ def test_stop_strings_never_leak(cycle_server, cycle_model, hf_cycle, stop, incl
     assert events[-1]["choices"][0]["finish_reason"] == "stop"
 
 
+@pytest.mark.parametrize("stop", ["<END>", "tp"])
+def test_streamed_text_lags_by_at_most_the_stop_string(cycle_server, cycle_model, hf_cycle, stop):
+    """One holdback: a stream lags the text its tokens spell by at most len(stop) - 1 characters
+    (what could still start a stop string), and ends with the non-streamed answer's text."""
+    prompt = cycle_model.letters[:1]  # "p", then "qrstpqrst...": one character per token
+    reference = hf_cycle.text(hf_cycle.greedy(prompt, 24))
+    want = reference[: reference.index(stop)] if stop in reference else reference
+    # logprobs=0 names each chunk's tokens, so the test knows the text those tokens spell.
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 24, "temperature": 0, "stop": [stop],
+            "logprobs": 0, "stream": True}
+    events = parse_events(read_sse(cycle_server.base_url, "/v1/completions", body)[1])
+    streamed, spelled, lags = "", "", []
+    for e in events:
+        (choice,) = e["choices"]
+        streamed += choice["text"]
+        spelled += "".join(choice["logprobs"]["tokens"])
+        if choice["finish_reason"] is None:
+            assert spelled.startswith(streamed)
+            lags.append(len(spelled) - len(streamed))
+    assert max(lags) == len(stop) - 1  # held back while it might be a stop string, and no more
+    assert streamed == want
+    whole = httpx.post(cycle_server.v1 + "/completions", json={**body, "stream": False}).json()["choices"][0]
+    assert whole["text"] == streamed
+    assert whole["finish_reason"] == events[-1]["choices"][0]["finish_reason"]
+
+
 def _abort_count(server) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 

@@ -2,16 +2,13 @@
 
 Two sources feed them. Gauges and the engine's own counters (preemptions, prefix cache) come from
 the latest `EngineStats` snapshot, read at scrape time by a custom collector. Token counters and
-latency histograms are computed here from the outputs that the engine client hands to the HTTP side,
-so `prompt_tokens` and `generation_tokens` count exactly the tokens that were served.
+latency histograms are fed by the frontend's OutputProcessor, whose clock stamps each step's
+tokens as they arrive, so `prompt_tokens` and `generation_tokens` count exactly the tokens served.
 
 Each app gets its own CollectorRegistry, so that tests can run several servers in one process.
 """
 
 from __future__ import annotations
-
-import time
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -24,14 +21,6 @@ ITL_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
                5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
 REQUEST_BUCKETS = [0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                    40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
-
-
-@dataclass(slots=True)
-class _RequestTimes:
-    arrival_time: float
-    first_token_time: float | None = None
-    last_token_time: float | None = None
-    num_generation_tokens: int = 0
 
 
 class _SnapshotCollector:
@@ -91,7 +80,6 @@ class ServerMetrics:
         self.queue_time = Histogram(PREFIX + "request_queue_time_seconds", "Arrival to first scheduled.",
                                     label, buckets=REQUEST_BUCKETS, registry=r)
         r.register(_SnapshotCollector(model_name, stats_source))
-        self._requests: dict[str, _RequestTimes] = {}
         # Label children are looked up once: .labels() costs a lock and a dict lookup per call.
         self._prompt_tokens = self.prompt_tokens.labels(model_name)
         self._generation_tokens = self.generation_tokens.labels(model_name)
@@ -100,48 +88,19 @@ class ServerMetrics:
         self._e2e = self.e2e.labels(model_name)
         self._queue_time = self.queue_time.labels(model_name)
 
-    def on_arrival(self, request_id: str, arrival_time: float | None = None) -> None:
-        self._requests[request_id] = _RequestTimes(arrival_time or time.monotonic())
+    # ---- called by the OutputProcessor, on the event loop ----
 
-    def on_output(self, output, now: float) -> None:
-        """Called on the event loop for every RequestOutput the engine returns."""
-        req = self._requests.get(output.request_id)
-        if req is None:
-            return
-        total = sum(len(c.token_ids) for c in output.outputs)
-        new_tokens = total - req.num_generation_tokens
-        if new_tokens > 0:
-            if req.first_token_time is None:
-                req.first_token_time = now
-                self._prompt_tokens.inc(len(output.prompt_token_ids or ()))
-                self._ttft.observe(now - req.arrival_time)
-                scheduled = getattr(getattr(output, "metrics", None), "first_scheduled_time", None)
-                self._queue_time.observe(max(0.0, (scheduled or now) - req.arrival_time))
-            else:
-                self._itl.observe(now - req.last_token_time)
-            req.last_token_time = now
-            req.num_generation_tokens = total
-            self._generation_tokens.inc(new_tokens)
-        if output.finished:
-            self._finish(output.request_id, _finish_reason(output), now)
+    def on_first_token(self, num_prompt_tokens: int, ttft: float, queue_time: float) -> None:
+        self._prompt_tokens.inc(num_prompt_tokens)
+        self._ttft.observe(ttft)
+        self._queue_time.observe(queue_time)
 
-    def forget(self, request_id: str) -> None:
-        self._requests.pop(request_id, None)
+    def on_inter_token(self, itl: float) -> None:
+        self._itl.observe(itl)
 
-    def on_abort(self, request_id: str) -> None:
-        if request_id in self._requests:
-            self._finish(request_id, "abort", time.monotonic())
+    def on_tokens(self, num_new: int) -> None:
+        self._generation_tokens.inc(num_new)
 
-    def _finish(self, request_id: str, reason: str, now: float) -> None:
-        req = self._requests.pop(request_id)
+    def on_finish(self, reason: str, e2e: float) -> None:
         self.request_success.labels(self.model_name, reason).inc()
-        self._e2e.observe(now - req.arrival_time)
-
-
-def _finish_reason(output) -> str:
-    reasons = [c.finish_reason for c in output.outputs if c.finish_reason]
-    if "abort" in reasons:
-        return "abort"
-    if "length" in reasons:
-        return "length"
-    return reasons[0] if reasons else "stop"
+        self._e2e.observe(e2e)

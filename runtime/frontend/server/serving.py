@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fastapi import Request
 from starlette.responses import StreamingResponse
@@ -13,7 +13,7 @@ from starlette.responses import StreamingResponse
 from pagoda.runtime.frontend.engine_client import EngineClient, EngineDeadError, RequestStream
 from pagoda.runtime.frontend.server.errors import APIError, bad_request, error_body
 from pagoda.runtime.frontend.server.protocol import SamplingFields
-from pagoda.runtime.sampling_params import SamplingParams
+from pagoda.runtime.sampling_params import RequestOutputKind, SamplingParams
 
 
 @dataclass(slots=True)
@@ -25,7 +25,6 @@ class ServerConfig:
     chat_template: str | None = None  # a template string (a file is read by the CLI)
     random_weights: bool = False
     max_body_bytes: int = 32 << 20
-    extra: dict = field(default_factory=dict)
 
 
 class OpenAIServing:
@@ -76,7 +75,9 @@ class OpenAIServing:
         return max_tokens
 
     def sampling_params(self, req: SamplingFields, max_tokens: int, logprobs: int | None,
-                        prompt_logprobs: int | None = None) -> SamplingParams:
+                        prompt_logprobs: int | None = None, stream: bool = False) -> SamplingParams:
+        """The request's SamplingParams. A stream reads DELTA outputs (each holds only the new
+        text); an answer waits for the one FINAL_ONLY output."""
         if req.logit_bias:
             raise bad_request("logit_bias is not supported", param="logit_bias")
         top_k = req.top_k if req.top_k is not None else -1
@@ -102,6 +103,7 @@ class OpenAIServing:
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
                 skip_special_tokens=req.skip_special_tokens,
+                output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
             )
         except (ValueError, TypeError) as exc:
             raise bad_request(str(exc)) from None
@@ -129,7 +131,7 @@ class OpenAIServing:
         async def last(stream: RequestStream):
             output = None
             while not stream.finished:
-                output = await stream.get()  # cumulative: the newest output holds everything
+                output = await stream.get()  # FINAL_ONLY: the one output holds everything
             return output
 
         try:

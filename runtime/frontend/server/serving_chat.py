@@ -7,8 +7,8 @@ import time
 from fastapi import Request
 
 from pagoda.runtime.frontend.engine_client import EngineDeadError
-from pagoda.runtime.frontend.server.deltas import ChoiceState, chat_logprobs, holdback_for, next_text
 from pagoda.runtime.frontend.server.errors import bad_request
+from pagoda.runtime.frontend.server.logprobs import ChoiceState, chat_logprobs
 from pagoda.runtime.frontend.server.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -39,11 +39,11 @@ class ServingChat(OpenAIServing):
         num_top = req.top_logprobs or 0
         if req.top_logprobs and not req.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
-        params = self.sampling_params(req, max_tokens, num_top if req.logprobs else None)
+        params = self.sampling_params(req, max_tokens, num_top if req.logprobs else None, stream=bool(req.stream))
         request_id = random_id("chatcmpl")
         streams = await self.submit(request_id, [(prompt, ids)], params)
         if req.stream:
-            return SSEResponse(self._stream(request_id, model, req, streams[0], params), streams)
+            return SSEResponse(self._stream(request_id, model, req, streams[0]), streams)
         (out,) = await self.wait_all(raw, streams)
         return self._response(request_id, model, req, out)
 
@@ -78,9 +78,10 @@ class ServingChat(OpenAIServing):
                           total_tokens=prompt_tokens + completion_tokens)
         return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
 
-    async def _stream(self, request_id, model, req, stream, params):
+    async def _stream(self, request_id, model, req, stream):
+        """Each DELTA output holds only what is new; the frontend already held back what could
+        still turn out to start a stop string."""
         created = int(time.time())
-        holdback = holdback_for(params.stop, params.include_stop_str_in_output)
         states = [ChoiceState() for _ in range(req.n)]
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
@@ -100,10 +101,9 @@ class ServingChat(OpenAIServing):
                     if state.done:
                         continue
                     finished = c.finish_reason is not None
-                    text = next_text(state, c.text, finished, holdback)
-                    new_ids = c.token_ids[state.tokens_sent:]
-                    logprobs = self._logprobs(req, new_ids, (c.logprobs or [])[state.tokens_sent:])
-                    state.tokens_sent = len(c.token_ids)
+                    text = c.text
+                    logprobs = self._logprobs(req, c.token_ids, c.logprobs or [])
+                    state.num_tokens += len(c.token_ids)
                     if not text and not finished and not (logprobs and logprobs.content):
                         continue
                     state.done = finished
@@ -116,7 +116,7 @@ class ServingChat(OpenAIServing):
                                     "model": model, "choices": choices, "usage": None})
             if include_usage and out is not None:
                 prompt_tokens = len(out.prompt_token_ids)
-                completion_tokens = sum(len(c.token_ids) for c in out.outputs)
+                completion_tokens = sum(state.num_tokens for state in states)
                 yield chunk([], UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                                           total_tokens=prompt_tokens + completion_tokens))
         except (EngineDeadError, ValueError) as exc:

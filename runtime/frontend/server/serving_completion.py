@@ -7,8 +7,8 @@ import time
 from fastapi import Request
 
 from pagoda.runtime.frontend.engine_client import EngineDeadError
-from pagoda.runtime.frontend.server.deltas import ChoiceState, completion_logprobs, holdback_for, next_text
 from pagoda.runtime.frontend.server.errors import bad_request
+from pagoda.runtime.frontend.server.logprobs import ChoiceState, completion_logprobs
 from pagoda.runtime.frontend.server.protocol import (
     CompletionChoice,
     CompletionRequest,
@@ -39,11 +39,11 @@ class ServingCompletion(OpenAIServing):
         prompt_logprobs = req.prompt_logprobs
         if req.echo and req.logprobs is not None and prompt_logprobs is None:
             prompt_logprobs = req.logprobs
-        params = self.sampling_params(req, req.max_tokens, req.logprobs, prompt_logprobs)
+        params = self.sampling_params(req, req.max_tokens, req.logprobs, prompt_logprobs, stream=bool(req.stream))
         request_id = random_id("cmpl")
         streams = await self.submit(request_id, prompts, params)
         if req.stream:
-            return SSEResponse(self._stream(request_id, model, req, prompts, streams, params), streams)
+            return SSEResponse(self._stream(request_id, model, req, prompts, streams), streams)
         outputs = await self.wait_all(raw, streams)
         return self._response(request_id, model, req, prompts, outputs)
 
@@ -87,9 +87,10 @@ class ServingCompletion(OpenAIServing):
         usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
         return CompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
 
-    async def _stream(self, request_id, model, req: CompletionRequest, prompts, streams, params):
+    async def _stream(self, request_id, model, req: CompletionRequest, prompts, streams):
+        """Each DELTA output holds only what is new; the frontend already held back what could
+        still turn out to start a stop string."""
         created = int(time.time())
-        holdback = holdback_for(params.stop, params.include_stop_str_in_output)
         states: dict[tuple[int, int], ChoiceState] = {}
         last: dict[int, object] = {}
         try:
@@ -100,7 +101,7 @@ class ServingCompletion(OpenAIServing):
                     state = states.setdefault((i, c.index), ChoiceState())
                     if state.done:
                         continue
-                    choice = self._chunk_choice(req, prompts[i], out, c, state, holdback)
+                    choice = self._chunk_choice(req, prompts[i], out, c, state)
                     if choice is not None:
                         choice["index"] = i * req.n + c.index
                         choices.append(choice)
@@ -112,7 +113,7 @@ class ServingCompletion(OpenAIServing):
             if req.stream_options and req.stream_options.include_usage:
                 usage = UsageInfo(
                     prompt_tokens=sum(len(o.prompt_token_ids) for o in last.values()),
-                    completion_tokens=sum(len(c.token_ids) for o in last.values() for c in o.outputs))
+                    completion_tokens=sum(state.num_tokens for state in states.values()))
                 usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
                 yield sse(CompletionResponse(id=request_id, created=created, model=model, choices=[],
                                              usage=usage))
@@ -120,18 +121,18 @@ class ServingCompletion(OpenAIServing):
             yield sse_error(exc)
         yield "data: [DONE]\n\n"
 
-    def _chunk_choice(self, req, prompt, out, c, state: ChoiceState, holdback: int):
+    def _chunk_choice(self, req, prompt, out, c, state: ChoiceState):
         finished = c.finish_reason is not None
-        text = next_text(state, c.text, finished, holdback)
+        text = c.text
         logprobs = None
         if req.logprobs is not None:
-            ids, lps = list(c.token_ids[state.tokens_sent:]), list((c.logprobs or [])[state.tokens_sent:])
+            ids, lps = list(c.token_ids), list(c.logprobs or [])
             if req.echo and not state.started:
                 ids = list(out.prompt_token_ids) + ids
                 lps = list(out.prompt_logprobs or [None] * len(out.prompt_token_ids)) + lps
             logprobs = completion_logprobs(self.tokenizer, ids, lps, req.logprobs, state.text_offset)
             state.text_offset += sum(len(t) for t in logprobs.tokens)
-        state.tokens_sent = len(c.token_ids)
+        state.num_tokens += len(c.token_ids)
         if req.echo and not state.started:
             text = self._prompt_text(prompt) + text
         if state.started and not text and not finished and not (logprobs and logprobs.tokens):

@@ -57,8 +57,8 @@ def pagoda_token_times(engine, prompt: list[int], output_len: int, request_id: s
 
 
 def run_pagoda(args, model_path, prompt) -> list[tuple[float, list[float]]]:
-    from pagoda.runtime.core.engine import LLMEngine
     from pagoda.runtime.engine_args import EngineArgs
+    from pagoda.runtime.frontend.llm_engine import LLMEngine
 
     engine = LLMEngine.from_engine_args(EngineArgs(
         model=str(model_path), load_format=args.load_format, dtype=args.dtype, device=args.device,

@@ -1,9 +1,7 @@
-"""Turning the engine's cumulative outputs into stream deltas, and logprobs into OpenAI's shapes.
+"""Logprobs in OpenAI's shapes: /v1/completions' parallel lists and /v1/chat/completions' content.
 
-The engine already holds back incomplete UTF-8 and cuts stop strings. The stream adds its own
-guard, because a delta once sent cannot be taken back: while a completion runs, it keeps back the
-last len(longest stop string) - 1 characters (they might turn out to start a stop string) and any
-trailing U+FFFD (half a character). Everything is released when the completion finishes.
+The OutputProcessor already gives each logprob its token's text (Logprob.decoded_token); a token
+without one is decoded here.
 """
 
 from __future__ import annotations
@@ -17,31 +15,10 @@ from pagoda.runtime.frontend.server.protocol import CompletionLogprobs, TokenLog
 class ChoiceState:
     """What one choice of a stream has already sent."""
 
-    text_sent: int = 0
-    tokens_sent: int = 0
+    num_tokens: int = 0  # completion tokens streamed so far (for usage)
     text_offset: int = 0  # completions logprobs: characters of the token strings sent so far
     started: bool = False
     done: bool = False
-
-
-def holdback_for(stop: list[str], include_stop_str_in_output: bool) -> int:
-    if not stop or include_stop_str_in_output:
-        return 0
-    return max(len(s) for s in stop) - 1
-
-
-def next_text(state: ChoiceState, text: str, finished: bool, holdback: int) -> str:
-    """The new text that is safe to send now, and advance the state past it."""
-    end = len(text)
-    if not finished:
-        end -= holdback
-        while end > state.text_sent and text[end - 1] == "\ufffd":
-            end -= 1
-    if end <= state.text_sent:
-        return ""
-    delta = text[state.text_sent:end]
-    state.text_sent = end
-    return delta
 
 
 def token_text(tokenizer, token_id: int, logprob) -> str:
