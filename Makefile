@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_MODEL ?= e2e/demo-model
 PORT ?= 8000
 
-.PHONY: install test lint demo crds clean
+.PHONY: install test lint demo crds clean kube
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,13 @@ install: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# The Kubernetes control plane for tests/kube (e2e/kube/README.md): built from the Go module proxy
+# into .cache/kube/ (a cold build takes about 10 minutes on 2 cores), found there afterwards.
+kube:
+	e2e/kube/build.sh
+
 # pytest exits 5 when it collects no tests; that is a broken suite, not a pass, so say so and fail.
-test: $(STAMP)
+test: $(STAMP) kube
 	$(VENV)/bin/ruff check .
 	TRITON_INTERPRET=1 $(VENV)/bin/pytest -q tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc

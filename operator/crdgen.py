@@ -5,8 +5,8 @@
 
 Pydantic emits JSON Schema (draft 2020-12); a CRD wants a structural OpenAPI v3.0 schema. The walk
 below inlines `$ref`s, folds `Optional` (anyOf with null) into the plain type, turns numeric
-`exclusiveMinimum` into the v3.0 boolean form, and adds `default: {}` for sub-objects so that the API
-server applies their nested defaults.
+`exclusiveMinimum` into the v3.0 boolean form, and gives sub-objects their whole defaulted value
+as `default`, which the API server validates (CEL included) as it stands.
 """
 
 from __future__ import annotations
@@ -45,7 +45,11 @@ def _factory_defaults(model: type[BaseModel]) -> dict[str, Any]:
         if field.default_factory is None:
             continue
         value = field.default_factory()
-        out[field.alias or name] = {} if isinstance(value, BaseModel) else value
+        # The whole defaulted object, not {}: the API server checks a default against the schema's
+        # CEL rules as it stands (nested defaults are not applied to it), and `{}` has no fields.
+        out[field.alias or name] = (
+            value.model_dump(by_alias=True, exclude_none=True, mode="json") if isinstance(value, BaseModel) else value
+        )
     return out
 
 

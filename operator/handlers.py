@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import importlib
 import logging
+import random
 from typing import Any
 
 import kopf
+import urllib3
+from kubernetes.client.exceptions import ApiException
 
 from pagoda.operator import spec as s
 from pagoda.operator.builders.meta import LABEL_MODELSERVER, MANAGED_BY
@@ -46,6 +49,16 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         memo.cluster = Cluster.from_environment()
 
 
+# API errors worth retrying soon: a conflict (someone wrote first; re-read and go again), throttling,
+# the API server's own trouble. One of them must not stall a ModelServer for kopf's default minute.
+TRANSIENT = (409, 429, 500, 502, 503, 504)
+RETRY_SECONDS = (0.5, 2.0)  # jittered, so that many objects failing together do not retry together
+
+
+def retry_delay() -> float:
+    return random.uniform(*RETRY_SECONDS)
+
+
 def _run(memo: kopf.Memo, body: Any) -> None:
     """Reconcile, write the status if it changed, post the events."""
     meta = body.get("metadata") or {}
@@ -53,19 +66,31 @@ def _run(memo: kopf.Memo, body: Any) -> None:
         return  # the deletion handler owns this object now
     try:
         outcome = reconcile(memo.cluster, memo.config, body)
+        delta = changed(dict(body.get("status") or {}), outcome.status)
+        if delta:
+            # Only onto the version this pass read: a status written meanwhile (the autoscaler's
+            # condition, another pass) makes this a 409 and the retry merges it, never erases it.
+            memo.cluster.patch_status(
+                s.KIND, meta["namespace"], meta["name"], delta, resource_version=meta.get("resourceVersion")
+            )
     except ValueError as exc:  # a spec the CRD let through but the models reject
         kopf.warn(body, reason="InvalidSpec", message=str(exc)[:1000])
         raise kopf.PermanentError(str(exc)) from exc
-    delta = changed(dict(body.get("status") or {}), outcome.status)
-    if delta:
-        memo.cluster.patch_status(s.KIND, meta["namespace"], meta["name"], delta)
+    except ApiException as exc:
+        if exc.status in TRANSIENT:
+            raise kopf.TemporaryError(f"API {exc.status} {exc.reason}; retrying", delay=retry_delay()) from exc
+        if exc.status == 404 and memo.cluster.get(s.KIND, meta["namespace"], meta["name"]) is None:
+            return  # the ModelServer itself went meanwhile: nothing left to converge
+        raise
+    except (urllib3.exceptions.HTTPError, OSError) as exc:  # the API server unreachable for a moment
+        raise kopf.TemporaryError(f"API unreachable ({exc}); retrying", delay=retry_delay()) from exc
     for type_, reason, message in outcome.events:
         kopf.event(body, type=type_, reason=reason, message=message)
 
 
-@kopf.on.resume(s.GROUP, s.VERSION, s.PLURAL)
-@kopf.on.create(s.GROUP, s.VERSION, s.PLURAL)
-@kopf.on.update(s.GROUP, s.VERSION, s.PLURAL, field="spec")
+@kopf.on.resume(s.GROUP, s.VERSION, s.PLURAL, backoff=RETRY_SECONDS[1])
+@kopf.on.create(s.GROUP, s.VERSION, s.PLURAL, backoff=RETRY_SECONDS[1])
+@kopf.on.update(s.GROUP, s.VERSION, s.PLURAL, field="spec", backoff=RETRY_SECONDS[1])
 def modelserver_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     _run(memo, body)
 
@@ -88,7 +113,7 @@ def child_changed(body: kopf.Body, memo: kopf.Memo, type: str | None, **_: Any) 
         _run(memo, parent)
 
 
-@kopf.on.delete(s.GROUP, s.VERSION, s.PLURAL)
+@kopf.on.delete(s.GROUP, s.VERSION, s.PLURAL, backoff=RETRY_SECONDS[1])
 def modelserver_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     for type_, reason, message in cleanup(memo.cluster, body):
         kopf.event(body, type=type_, reason=reason, message=message)

@@ -1,14 +1,14 @@
 """The few Kubernetes calls the reconcile makes, on the official client, with plain dicts throughout.
 
-`ensure` is the idempotent create-or-patch: deterministic names make a second create a no-op (a 409
-is read back as "already there"), and the `pagoda.dev/spec-hash` annotation means an unchanged
-manifest is never patched, so a reconcile that runs twice (after an operator restart, or from two
-watch events) writes nothing the second time.
+`ensure` is server-side apply with the operator's field manager, forced: the API server keeps the
+fields the operator owns equal to its manifest (a live edit of one of them is reverted on the next
+pass, a field dropped from the manifest is removed), leaves fields others own alone, and writes
+nothing when nothing changed, so a pass that runs twice (after a restart, or from two watch events)
+changes nothing the second time.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -18,9 +18,10 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from pagoda.operator import spec as s
-from pagoda.operator.builders.meta import ANNOTATION_LAST_APPLIED, ANNOTATION_SPEC_HASH
 
 MERGE_PATCH = "application/merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+FIELD_MANAGER = "pagoda-operator"
 
 # kind -> (API class, snake-case resource name in the client's method names)
 TYPED: dict[str, tuple[str, str]] = {
@@ -30,6 +31,7 @@ TYPED: dict[str, tuple[str, str]] = {
     "Deployment": ("AppsV1Api", "deployment"),
     "Job": ("BatchV1Api", "job"),
     "HorizontalPodAutoscaler": ("AutoscalingV2Api", "horizontal_pod_autoscaler"),
+    "PodDisruptionBudget": ("PolicyV1Api", "pod_disruption_budget"),
 }
 # Custom resources go through CustomObjectsApi: kind -> (group, version, plural).
 CUSTOM: dict[str, tuple[str, str, str]] = {
@@ -38,24 +40,6 @@ CUSTOM: dict[str, tuple[str, str, str]] = {
 }
 
 Action = Literal["created", "patched", "unchanged"]
-
-
-def merge_patch(old: Any, new: Any) -> Any:
-    """The RFC 7386 merge patch that turns `old` into `new`: keys that `new` dropped become null,
-    so a field removed from the spec (a nodeSelector entry, say) is removed from the live object."""
-    if not (isinstance(old, dict) and isinstance(new, dict)):
-        return new
-    patch = {key: None for key in old if key not in new}
-    for key, value in new.items():
-        if key not in old:
-            patch[key] = value
-        elif old[key] != value:
-            patch[key] = merge_patch(old[key], value)
-    return patch
-
-
-def spec_hash(obj: dict) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
 @dataclass(slots=True)
@@ -126,6 +110,22 @@ class Cluster:
     def patch(self, kind: str, namespace: str, name: str, patch: dict) -> dict:
         return self._call("patch", kind, namespace, name, patch, _content_type=MERGE_PATCH)
 
+    def scale(self, kind: str, namespace: str, name: str, replicas: int) -> dict:
+        """spec.replicas through the scale subresource (a Deployment's, or a ModelServer's)."""
+        body = {"spec": {"replicas": replicas}}
+        if kind in CUSTOM:
+            group, version, plural = CUSTOM[kind]
+            api = kubernetes.client.CustomObjectsApi(self.api)
+            response = api.patch_namespaced_custom_object_scale(
+                group, version, namespace, plural, name, body, _content_type=MERGE_PATCH, _preload_content=False
+            )
+        else:
+            api = kubernetes.client.AppsV1Api(self.api)
+            response = api.patch_namespaced_deployment_scale(
+                name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False
+            )
+        return json.loads(response.read() or b"{}")
+
     def delete(self, kind: str, namespace: str, name: str) -> bool:
         """Delete with background propagation (a Job's pods go too); False if it was already gone."""
         try:
@@ -136,40 +136,47 @@ class Cluster:
                 return False
             raise
 
-    def patch_status(self, kind: str, namespace: str, name: str, status: dict) -> dict:
-        return self._call(
-            "patch", kind, namespace, name, {"status": status}, status=True, _content_type=MERGE_PATCH
-        )
+    def patch_status(
+        self, kind: str, namespace: str, name: str, status: dict, resource_version: str | None = None
+    ) -> dict:
+        """A merge patch of the status; with resource_version, only onto that version of the object
+        (409 Conflict otherwise), so two writers never overwrite each other's conditions unseen."""
+        body: dict = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return self._call("patch", kind, namespace, name, body, status=True, _content_type=MERGE_PATCH)
 
     # -- idempotent apply ----------------------------------------------------------------------
 
+    def apply(self, desired: dict) -> dict:
+        """Server-side apply of the whole manifest as FIELD_MANAGER (created if missing)."""
+        meta = desired["metadata"]
+        return self._call(
+            "patch", desired["kind"], meta["namespace"], meta["name"], desired,
+            _content_type=APPLY_PATCH, field_manager=FIELD_MANAGER, force=True,
+        )  # fmt: skip
+
     def ensure(self, desired: dict, *, update: bool = True) -> tuple[dict, Action]:
-        """Create the object, or patch it when the manifest changed since the operator last wrote it.
+        """Apply the manifest (see the module's docstring), creating the object if missing.
 
         update=False for objects whose spec is immutable once created (PVC, Job): create only.
         """
         desired = json.loads(json.dumps(desired))
-        digest = spec_hash(desired)
-        # What the operator applied, kept on the object (as kubectl's last-applied annotation), so
-        # the next patch can also remove what the new manifest no longer has.
-        applied = json.dumps(desired, sort_keys=True, separators=(",", ":"))
-        annotations = desired["metadata"].setdefault("annotations", {})
-        annotations[ANNOTATION_SPEC_HASH] = digest
-        annotations[ANNOTATION_LAST_APPLIED] = applied
         kind, meta = desired["kind"], desired["metadata"]
         live = self.get(kind, meta["namespace"], meta["name"])
-        if live is None:
+        if not update:
+            if live is not None:
+                return live, "unchanged"
             try:
                 return self.create(desired), "created"
             except ApiException as exc:
                 if exc.status != 409:  # someone (our previous life) created it meanwhile
                     raise
-                live = self.get(kind, meta["namespace"], meta["name"]) or {}
-        live_hash = ((live.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_SPEC_HASH)
-        if not update or live_hash == digest:
-            return live, "unchanged"
-        live_annotations = (live.get("metadata") or {}).get("annotations") or {}
-        previous = json.loads(live_annotations.get(ANNOTATION_LAST_APPLIED) or "{}")
-        # Objects written before the annotation existed get the plain patch, which adds and updates.
-        patch = merge_patch(previous, desired) if previous else desired
-        return self.patch(kind, meta["namespace"], meta["name"], patch), "patched"
+                return self.get(kind, meta["namespace"], meta["name"]) or {}, "unchanged"
+        applied = self.apply(desired)
+        if live is None:
+            return applied, "created"
+        # The API server writes nothing (and keeps the resourceVersion) when the apply changes nothing.
+        version = (live.get("metadata") or {}).get("resourceVersion")
+        same = version is not None and (applied.get("metadata") or {}).get("resourceVersion") == version
+        return applied, "unchanged" if same else "patched"

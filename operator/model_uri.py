@@ -10,10 +10,14 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-_HF = re.compile(
-    r"^hf://(?P<org>[A-Za-z0-9][-A-Za-z0-9_.]*)/(?P<name>[-A-Za-z0-9_.]+)(@(?P<rev>[-A-Za-z0-9_./]+))?$"
-)
-_PVC = re.compile(r"^pvc://(?P<claim>[a-z0-9]([-a-z0-9.]*[a-z0-9])?)/(?P<path>\S*)$")
+# The one spelling of each URI kind: the CRD's CEL rule is built from these same strings (RE2 and
+# Python agree on this subset), so what the API server admits is what the parser accepts.
+HF_PATTERN = r"^hf://(?P<org>[A-Za-z0-9][-A-Za-z0-9_.]*)/(?P<name>[-A-Za-z0-9_.]+)(@(?P<rev>[-A-Za-z0-9_./]+))?$"
+PVC_PATTERN = r"^pvc://(?P<claim>[a-z0-9]([-a-z0-9.]*[a-z0-9])?)/(?P<path>[-A-Za-z0-9_./]*)$"
+_HF = re.compile(HF_PATTERN)
+_PVC = re.compile(PVC_PATTERN)
+# A `..` would climb out of the model's folder in the cache (and in a pvc:// claim's subPath).
+PARENT = ".."
 
 # Where the cache volume is mounted, in the loader Job and in the serving pods.
 CACHE_MOUNT = "/models"
@@ -29,9 +33,11 @@ class ModelURI:
 
     @classmethod
     def parse(cls, uri: str) -> ModelURI:
-        if m := _HF.match(uri):
+        if PARENT in uri:
+            raise ValueError(f"model uri must not contain {PARENT!r}, got {uri!r}")
+        if m := _HF.fullmatch(uri):
             return cls("hf", repo_id=f"{m['org']}/{m['name']}", revision=m["rev"])
-        if m := _PVC.match(uri):
+        if m := _PVC.fullmatch(uri):
             return cls("pvc", claim=m["claim"], path=m["path"].strip("/"))
         raise ValueError(f"model uri must be hf://org/name[@revision] or pvc://claim/path, got {uri!r}")
 

@@ -13,12 +13,16 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
+from kubernetes.client.exceptions import ApiException
+
 from pagoda.operator.builders import meta
 from pagoda.operator.builders.deployment import build_deployment
 from pagoda.operator.builders.loader_job import PLAN_CONTAINER, build_loader_job, plan_memory_gib
+from pagoda.operator.builders.pdb import build_pdb
 from pagoda.operator.builders.pvc import build_cache_pvc
 from pagoda.operator.builders.service import build_service, endpoint
 from pagoda.operator.config import OperatorConfig
+from pagoda.operator.gpus import quantity_gib
 from pagoda.operator.k8s import Cluster
 from pagoda.operator.spec import ModelServer
 from pagoda.operator.status import Observation, compute_status
@@ -177,31 +181,90 @@ def _apply_autoscaler(cluster: Cluster, ms: ModelServer, events: list) -> None:
                 cluster.delete(kind, ms.namespace, obj["metadata"]["name"])
 
 
+# The API server refuses these for good (a bad manifest, a forbidden field): retrying changes
+# nothing until the spec does, so they become the status rather than an endless retry.
+REJECTED = (400, 403, 422)
+
+
+def api_message(exc: ApiException) -> str:
+    try:
+        return json.loads(exc.body or "{}").get("message") or str(exc.reason)
+    except (ValueError, AttributeError):
+        return str(exc.reason)
+
+
+def _ensure_cache_claim(cluster: Cluster, ms: ModelServer, events: list) -> None:
+    """Create the cache claim; later, grow it when cache.size grows, and keep its owner reference
+    in step with retainOnDelete. Its other fields are immutable (the API server says so)."""
+    pvc = build_cache_pvc(ms)
+    if pvc is None:
+        return
+    name = pvc["metadata"]["name"]
+    live, action = cluster.ensure(pvc, update=False)
+    if action == "created":
+        events.append(("Normal", "CacheClaimCreated", f"PersistentVolumeClaim {name}"))
+        return
+    patch: dict = {}
+    owners = pvc["metadata"].get("ownerReferences") or []
+    live_owners = [o for o in (live.get("metadata") or {}).get("ownerReferences") or [] if o.get("uid") == ms.uid]
+    if owners != live_owners:
+        patch["metadata"] = {"ownerReferences": owners or None}
+    want = pvc["spec"]["resources"]["requests"]["storage"]
+    have = ((live.get("spec") or {}).get("resources") or {}).get("requests", {}).get("storage", want)
+    if quantity_gib(want) > quantity_gib(have):
+        patch["spec"] = {"resources": {"requests": {"storage": want}}}
+        events.append(("Normal", "CacheClaimExpanding", f"PersistentVolumeClaim {name}: {have} -> {want}"))
+    elif quantity_gib(want) < quantity_gib(have):
+        events.append(
+            ("Warning", "CacheClaimNotShrunk", f"PersistentVolumeClaim {name} stays {have}: claims only grow")
+        )
+    if patch:
+        cluster.patch("PersistentVolumeClaim", ms.namespace, name, patch)
+
+
+def _follow_replicas(cluster: Cluster, ms: ModelServer, deployment: dict | None) -> dict | None:
+    """While a reload runs (or after it failed) the old Deployment keeps serving, untouched but for
+    its replica count: an autoscaler's or `kubectl scale`'s spec.replicas must not freeze."""
+    if deployment is None or (deployment.get("spec") or {}).get("replicas") == ms.spec.replicas:
+        return deployment
+    cluster.scale("Deployment", ms.namespace, ms.name, ms.spec.replicas)
+    return cluster.get("Deployment", ms.namespace, ms.name)
+
+
+def _apply_serving(cluster: Cluster, config: OperatorConfig, ms: ModelServer, path: str, events: list):
+    """The Deployment, Service and PodDisruptionBudget. Returns (live Deployment, rejection)."""
+    deployment = None
+    for desired in (build_deployment(ms, config, path), build_service(ms), build_pdb(ms)):
+        kind = desired["kind"]
+        try:
+            live, action = cluster.ensure(desired)
+        except ApiException as exc:
+            if exc.status not in REJECTED:
+                raise
+            message = f"the API server rejected the {kind}: {api_message(exc)}"
+            events.append(("Warning", f"{kind}Rejected", message[:1000]))
+            return cluster.get("Deployment", ms.namespace, ms.name), message
+        if action != "unchanged":
+            events.append(("Normal", f"{kind}{action.title()}", f"{kind} {ms.name} {action}"))
+        if kind == "Deployment":
+            deployment = live
+    return deployment, None
+
+
 def reconcile(cluster: Cluster, config: OperatorConfig, body, now: datetime | None = None) -> Outcome:
     now = now or datetime.now(timezone.utc)
     ms = ModelServer.from_body(body)
     events: list[tuple[str, str, str]] = []
 
-    pvc = build_cache_pvc(ms)
-    if pvc is not None:
-        _, action = cluster.ensure(pvc, update=False)
-        if action == "created":
-            events.append(("Normal", "CacheClaimCreated", f"PersistentVolumeClaim {pvc['metadata']['name']}"))
-
+    _ensure_cache_claim(cluster, ms, events)
     cache, loader, plan, state, message = _load_cache(cluster, config, ms, now, events)
-    deployment = None
+    deployment, rejected = None, None
     if state == "ready":
-        for desired in (build_deployment(ms, config, cache.path), build_service(ms)):
-            live, action = cluster.ensure(desired)
-            if action != "unchanged":
-                events.append(
-                    ("Normal", f"{desired['kind']}{action.title()}", f"{desired['kind']} {ms.name} {action}")
-                )
-            if desired["kind"] == "Deployment":
-                deployment = live
-        _apply_autoscaler(cluster, ms, events)
-    elif cache.ready:  # a reload is under way: the old Deployment keeps serving, untouched
-        deployment = cluster.get("Deployment", ms.namespace, ms.name)
+        deployment, rejected = _apply_serving(cluster, config, ms, cache.path, events)
+        if rejected is None:
+            _apply_autoscaler(cluster, ms, events)
+    elif cache.ready:  # a reload is under way: the old Deployment keeps serving
+        deployment = _follow_replicas(cluster, ms, cluster.get("Deployment", ms.namespace, ms.name))
 
     obs = Observation(
         cache=cache,
@@ -211,6 +274,7 @@ def reconcile(cluster: Cluster, config: OperatorConfig, body, now: datetime | No
         cache_message=message,
         deployment=deployment,
         endpoint=endpoint(ms, config.cluster_domain) if deployment is not None else None,
+        rejected=rejected,
     )
     status = compute_status(ms, obs, _iso(now))
     old_phase = ms.status.phase

@@ -9,11 +9,13 @@ API server validates them again when the operator writes the Deployment.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from pagoda.operator.model_uri import HF_PATTERN, PARENT, PVC_PATTERN
 from pagoda.operator.schema_base import Model
 from pagoda.operator.status_schema import ModelServerStatus
 
@@ -23,12 +25,22 @@ KIND = "ModelServer"
 PLURAL = "modelservers"
 API_VERSION = f"{GROUP}/{VERSION}"
 
-# hf://org/name[@revision] or pvc://claim/path. The claim part is a DNS-1123 subdomain.
-URI_REGEX = (
-    r"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+(@[-A-Za-z0-9_./]+)?"
-    r"|pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[^ ]*)$"
-)
-QUANTITY_REGEX = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+
+def _unnamed(pattern: str) -> str:
+    """RE2 (CEL's matches) spells named groups (?P<x>...) too, but plain groups keep it portable."""
+    return re.sub(r"\(\?P<\w+>", "(", pattern)
+
+
+# hf://org/name[@revision] or pvc://claim/path: the parser's own patterns (model_uri.py).
+URI_REGEX = f"^({_unnamed(HF_PATTERN)[1:-1]}|{_unnamed(PVC_PATTERN)[1:-1]})$"
+# A Kubernetes quantity with no sign: sizes and requests are never negative.
+QUANTITY_REGEX = r"^(\+)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+# Replica counts end up in int32 fields (Deployment, HPA, the scale subresource).
+INT32_MAX = 2**31 - 1
+# extraArgs: bounded item by item, so that the spec (and kopf's copy of it in an annotation) stays
+# far below the API server's 256 KiB limit on annotations.
+MAX_EXTRA_ARGS = 64
+MAX_EXTRA_ARG_LENGTH = 1024
 
 # The ModelServer name becomes the Deployment, Service and `<name>-load-<hash>` Job names; Job pod
 # labels cap at 63 characters, hence 45 here.
@@ -71,7 +83,13 @@ class ModelSource(Model):
                     "model.uri must be hf://org/name[@revision] or pvc://claim/path",
                     ".uri",
                     "FieldValueInvalid",
-                )
+                ),
+                rule(
+                    f"!self.uri.contains('{PARENT}')",
+                    f"model.uri must not contain '{PARENT}'",
+                    ".uri",
+                    "FieldValueInvalid",
+                ),
             ]
         }
     )
@@ -95,8 +113,8 @@ class EngineSpec(Model):
     tensor_parallel_size: int | None = Field(
         default=None, ge=1, le=8, description="GPUs one model copy spans; unset means resources.gpus (1 on CPU)."
     )
-    extra_args: list[str] = Field(
-        default_factory=list, max_length=64, description="Further `pagoda serve` flags, passed as-is."
+    extra_args: list[Annotated[str, Field(max_length=MAX_EXTRA_ARG_LENGTH)]] = Field(
+        default_factory=list, max_length=MAX_EXTRA_ARGS, description="Further `pagoda serve` flags, passed as-is."
     )
 
 
@@ -160,8 +178,8 @@ class ScalingSpec(Model):
     """Read by the autoscaler (pagoda.operator.autoscaler); the reconcile only validates it."""
 
     mode: Literal["operator", "hpa", "keda"] = Field(default="operator")
-    min_replicas: int = Field(default=1, ge=0)
-    max_replicas: int = Field(default=1, ge=1)
+    min_replicas: int = Field(default=1, ge=0, le=INT32_MAX)
+    max_replicas: int = Field(default=1, ge=1, le=INT32_MAX)
     target_waiting_requests: float = Field(default=4.0, gt=0, description="Waiting requests per replica.")
     scrape_interval_seconds: int = Field(default=15, ge=1)
     scale_up_stabilization_seconds: int = Field(default=0, ge=0)
@@ -173,7 +191,7 @@ class ScalingSpec(Model):
                     "self.minReplicas <= self.maxReplicas",
                     "scaling.minReplicas must be at most scaling.maxReplicas",
                     ".minReplicas",
-                )
+                ),
             ]
         }
     )
@@ -202,6 +220,54 @@ class RoutingSpec(Model):
         description="Further `model` names the router accepts for this ModelServer, besides model.name.",
     )
     load_balancing: LoadBalancingSpec = Field(default_factory=LoadBalancingSpec)
+
+
+# The operator makes the cache claim itself (its accessMode applies) for hf:// URIs with the cache on.
+OWN_CACHE = "self.model.uri.startsWith('hf://') && self.cache.enabled && !has(self.cache.existingClaim)"
+
+def int_or_string(description: str) -> Any:
+    """An IntOrString (a count or a percentage such as "25%"), as Deployment strategies take it."""
+    schema = {"x-kubernetes-int-or-string": True, "pattern": r"^[0-9]+%?$"}
+    return Field(default=None, description=description, json_schema_extra={"x-pagoda-raw": schema})
+
+
+class RolloutSpec(Model):
+    """How pods are replaced and stopped. Unset surge/unavailable: a lone GPU replica surges (a
+    spare GPU set serves the new pod before the old one goes; no outage), several replace one at
+    a time in place (no spare GPUs needed)."""
+
+    max_surge: int | str | None = int_or_string("Deployment maxSurge (count or percentage).")
+    max_unavailable: int | str | None = int_or_string("Deployment maxUnavailable (count or percentage).")
+    termination_grace_period_seconds: int = Field(
+        default=60, ge=1, le=3600,
+        description="How long a stopping pod may finish its requests; the runtime's graceful-shutdown "
+        "timeout is set to match.",
+    )
+    pre_stop_seconds: int = Field(
+        default=10, ge=0, le=300,
+        description="A stopping pod keeps serving this long first, while endpoints drop it.",
+    )
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                rule(
+                    "self.preStopSeconds < self.terminationGracePeriodSeconds",
+                    "rollout.preStopSeconds must be below rollout.terminationGracePeriodSeconds",
+                    ".preStopSeconds",
+                ),
+                rule(
+                    "!has(self.maxSurge) || !has(self.maxUnavailable) || "
+                    "!(string(self.maxSurge) in ['0', '0%'] && string(self.maxUnavailable) in ['0', '0%'])",
+                    "rollout.maxSurge and rollout.maxUnavailable cannot both be 0",
+                    ".maxUnavailable",
+                ),
+            ]
+        }
+    )
+
+
+class LocalObjectReference(Model):
+    name: str = Field(max_length=253)
 
 
 # Root-level rules see the whole object: the cache may not move once the loader has filled it.
@@ -240,12 +306,20 @@ class ModelServerSpec(Model):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     cache: CacheSpec = Field(default_factory=CacheSpec)
     replicas: int = Field(
-        default=1, ge=0, description="Pods; the autoscaler writes it via the scale subresource."
+        default=1, ge=0, le=INT32_MAX, description="Pods; the autoscaler writes it via the scale subresource."
     )
     image: str | None = Field(
         default=None, max_length=512, description="Runtime image; the operator's default if unset."
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    image_pull_secrets: list[LocalObjectReference] | None = Field(
+        default=None, max_length=16, description="Secrets for pulling the runtime image (serving and loader pods)."
+    )
+    service_account_name: str | None = Field(
+        default=None, max_length=253,
+        description="ServiceAccount of the serving and loader pods (e.g. for workload identity); its "
+        "token is mounted only when this is set.",
+    )
     env: list[dict[str, Any]] | None = free_form("Extra container env (core/v1 EnvVar).", array=True)
     env_from: list[dict[str, Any]] | None = free_form(
         "Extra env sources (core/v1 EnvFromSource).", array=True
@@ -268,6 +342,9 @@ class ModelServerSpec(Model):
     scaling: ScalingSpec = Field(default_factory=ScalingSpec)
     routing: RoutingSpec = Field(default_factory=RoutingSpec)
 
+
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+
     @property
     def tensor_parallel_size(self) -> int:
         """One model copy spans every GPU of the pod unless engine.tensorParallelSize says less."""
@@ -287,6 +364,21 @@ class ModelServerSpec(Model):
                     "!self.model.uri.startsWith('pvc://') || !has(self.cache.existingClaim)",
                     "cache.existingClaim cannot be combined with a pvc:// model.uri",
                     ".cache.existingClaim",
+                ),
+                # The loader Job writes the claim, then every serving pod mounts it.
+                rule(
+                    f"!({OWN_CACHE}) || self.cache.accessMode != 'ReadWriteOncePod'",
+                    "cache.accessMode ReadWriteOncePod cannot work: the loader Job and the serving "
+                    "pods mount the same claim (a reload would wait forever); use ReadWriteMany",
+                    ".cache.accessMode",
+                ),
+                # A ReadWriteOnce volume attaches to one node; replicas on other nodes never start.
+                rule(
+                    f"!({OWN_CACHE}) || self.cache.accessMode != 'ReadWriteOnce'"
+                    " || (self.replicas <= 1 && self.scaling.maxReplicas <= 1)",
+                    "cache.accessMode ReadWriteOnce attaches to one node: replicas (or "
+                    "scaling.maxReplicas) above 1 need ReadWriteMany",
+                    ".cache.accessMode",
                 ),
             ]
         }

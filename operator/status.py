@@ -26,6 +26,7 @@ class Observation:
     cache_message: str
     deployment: dict | None  # the live Deployment, when there is one
     endpoint: str | None
+    rejected: str | None = None  # the API server's word on a serving object it refused
 
 
 @dataclass(slots=True)
@@ -65,6 +66,8 @@ def rollout(ms: ModelServer, deployment: dict | None) -> Rollout | None:
 
 
 def _phase(obs: Observation, ro: Rollout | None) -> tuple[str, str]:
+    if obs.rejected:
+        return "Failed", obs.rejected
     if obs.cache_state in ("failed", "reload-failed"):
         return "Failed", obs.cache_message
     if obs.cache_state in ("loading", "reloading"):
@@ -94,7 +97,9 @@ def _conditions(obs: Observation, ro: Rollout | None, phase: str) -> list[tuple[
         available = ("Available", "True", reason, f"{ro.ready}/{ro.desired} replicas ready")
     else:
         available = ("Available", "False", "ReplicasNotReady", f"{ro.ready}/{ro.desired} replicas ready")
-    if phase == "Failed":
+    if obs.rejected:
+        progressing = ("Progressing", "False", "Rejected", obs.rejected)
+    elif phase == "Failed":
         progressing = (
             "Progressing",
             "False",

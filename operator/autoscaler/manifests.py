@@ -13,16 +13,17 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from pagoda.operator.autoscaler.metrics import HPA_WAITING, WAITING
 from pagoda.operator.autoscaler.policy import ScalingParams
 from pagoda.operator.builders import meta
 from pagoda.operator.spec import ModelServer
 from pagoda.router.metrics import IN_FLIGHT as ROUTER_IN_FLIGHT
 from pagoda.router.metrics import QUEUE_DEPTH as ROUTER_QUEUE_DEPTH
 
-# The pods metric that the prometheus-adapter rule in docs/autoscaling.md exposes: Kubernetes
-# metric names cannot hold the colon of `pagoda:num_requests_waiting`.
-HPA_METRIC = "pagoda_num_requests_waiting"
-PROMETHEUS_METRIC = "pagoda:num_requests_waiting"
+# The pods metric that the prometheus-adapter rule in docs/autoscaling.md exposes, and the series
+# KEDA's query sums (metrics.py names both).
+HPA_METRIC = HPA_WAITING
+PROMETHEUS_METRIC = WAITING
 AUTOSCALER_COMPONENT = "autoscaler"
 # Where KEDA finds Prometheus: spec.scaling.prometheusAddress once the CRD has such a field, else
 # the operator's $PAGODA_PROMETHEUS_ADDRESS, else this in-cluster default (prometheus-operator's).
@@ -105,8 +106,9 @@ def build_scaled_object(ms: ModelServer) -> dict[str, Any]:
                     "metricType": "AverageValue",
                     "metadata": {
                         "serverAddress": address,
-                        "query": f'sum({PROMETHEUS_METRIC}{{model_name="{meta.served_name(ms)}"}})',
-                        "threshold": _quantity(params.target_waiting_requests),
+                        "query": keda_query(ms),
+                        # KEDA parses its trigger metadata as plain numbers: "2.5", never "2500m".
+                        "threshold": _decimal(params.target_waiting_requests),
                     },
                 },
                 *([router_trigger(ms, address, params)] if params.min_replicas == 0 else []),
@@ -127,10 +129,23 @@ def router_trigger(ms: ModelServer, address: str, params: ScalingParams) -> dict
             "serverAddress": address,
             "query": f"(sum({ROUTER_QUEUE_DEPTH}{selector}) or vector(0))"
             f" + (sum({ROUTER_IN_FLIGHT}{selector}) or vector(0))",
-            "threshold": _quantity(params.target_waiting_requests),
+            "threshold": _decimal(params.target_waiting_requests),
             "activationThreshold": "0",
         },
     }
+
+
+def promql_string(value: str) -> str:
+    """A PromQL double-quoted string literal (Go's escapes: backslash and quote, and newlines)."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+def keda_query(ms: ModelServer) -> str:
+    """The ModelServer's queue: its namespace's pods only (another namespace may serve a model of
+    the same name), with the name escaped as PromQL wants."""
+    labels = f"namespace={promql_string(ms.namespace)},model_name={promql_string(meta.served_name(ms))}"
+    return f"sum({PROMETHEUS_METRIC}{{{labels}}})"
 
 
 def prometheus_address(ms: ModelServer) -> str:
@@ -174,6 +189,10 @@ def _target_ref(ms: ModelServer) -> dict[str, str]:
 def _quantity(value: float) -> str:
     """A Kubernetes quantity: "4" for whole numbers, milli-units ("2500m") otherwise."""
     return str(int(value)) if float(value).is_integer() else f"{round(value * 1000)}m"
+
+
+def _decimal(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
 def _seconds(value: float, minimum: int = 0, maximum: int | None = None) -> int:

@@ -15,10 +15,9 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from pagoda.operator.autoscaler.metrics import RUNNING, WAITING
 from pagoda.operator.autoscaler.policy import PodLoad
 
-WAITING = "pagoda:num_requests_waiting"
-RUNNING = "pagoda:num_requests_running"
 DEFAULT_PORT = 8000
 DEFAULT_TIMEOUT_SECONDS = 2.0
 

@@ -2,13 +2,10 @@
 
 Each scrape interval it lists the ModelServer's ready pods by the Deployment's selector, scrapes
 their /metrics over the pod IPs (scrape.py), asks the policy (policy.py) for desired replicas and,
-when that differs, writes it:
-
-1. through the ModelServer's scale subresource (spec.replicas). That is the number the reconcile
-   copies into the Deployment, and the one an HPA, KEDA or `kubectl scale` would write too, so the
-   modes share one source of truth and the reconcile never undoes the autoscaler;
-2. then through the Deployment's scale subresource, with the same number, so that replicas move
-   now rather than on the reconcile's next pass (which writes the same number again, a no-op).
+when that differs, writes it through the ModelServer's scale subresource (spec.replicas). That
+is the number the reconcile copies into the Deployment, and the one an HPA, KEDA or `kubectl scale`
+would write too, so the modes share one source of truth and one writer of the Deployment's
+replicas (the reconcile, which the change of spec wakes at once).
 
 Status gets desiredReplicas, waitingRequests, lastScaleTime, the figures behind the decision under
 `autoscaling`, and a ScalingActive condition with the policy's reason. Each change posts an Event.
@@ -28,7 +25,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 import kopf
-import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from pagoda.operator import spec as s
@@ -36,7 +32,7 @@ from pagoda.operator.autoscaler.policy import Decision, ScalingParams, ScalingSt
 from pagoda.operator.autoscaler.router_queue import router_load
 from pagoda.operator.autoscaler.scrape import ready_targets, scrape_pods
 from pagoda.operator.builders import meta
-from pagoda.operator.k8s import MERGE_PATCH, Cluster
+from pagoda.operator.k8s import Cluster
 from pagoda.operator.status import changed, merge_conditions
 
 HANDLER_ID = "autoscaler"
@@ -63,19 +59,9 @@ def _iso_now() -> str:
 
 
 def write_replicas(cluster: Cluster, ms: s.ModelServer, replicas: int) -> None:
-    """spec.replicas through the ModelServer's /scale, then the Deployment's /scale (see above)."""
-    body = {"spec": {"replicas": replicas}}
-    opts = {"_content_type": MERGE_PATCH, "_preload_content": False}
-    kubernetes.client.CustomObjectsApi(cluster.api).patch_namespaced_custom_object_scale(
-        s.GROUP, s.VERSION, ms.namespace, s.PLURAL, ms.name, body, **opts
-    )
-    try:
-        kubernetes.client.AppsV1Api(cluster.api).patch_namespaced_deployment_scale(
-            ms.name, ms.namespace, body, **opts
-        )
-    except ApiException as exc:
-        if exc.status != 404:  # no Deployment yet: the reconcile creates it with spec.replicas
-            raise
+    """spec.replicas through the ModelServer's /scale. The reconcile, woken by that change of the
+    spec, is the one writer of the Deployment's replicas."""
+    cluster.scale(s.KIND, ms.namespace, ms.name, replicas)
 
 
 def status_patch(ms: s.ModelServer, current: dict, decision: Decision, now: str, scaled: bool) -> dict:
@@ -158,9 +144,18 @@ async def autoscale(body: kopf.Body, memo: kopf.Memo, logger: Any, tick: float =
 
 
 async def _patch_status(cluster: Cluster, ms: s.ModelServer, current: dict, status: dict) -> None:
+    """Onto the version read (a 409 otherwise): conditions the reconcile wrote meanwhile are kept,
+    as the next tick merges into them."""
     delta = changed(current, status)
     if delta:
-        await asyncio.to_thread(cluster.patch_status, s.KIND, ms.namespace, ms.name, delta)
+        version = ms.metadata.get("resourceVersion")
+        try:
+            await asyncio.to_thread(
+                cluster.patch_status, s.KIND, ms.namespace, ms.name, delta, resource_version=version
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
 
 
 def register(registry: kopf.OperatorRegistry | None = None, interval: float = TICK_SECONDS) -> None:

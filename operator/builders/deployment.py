@@ -37,9 +37,9 @@ def serve_args(ms: ModelServer, model_path: str) -> list[str]:
         args += ["--tensor-parallel-size", str(ms.spec.tensor_parallel_size)]
     if ms.spec.resources.gpus == 0:
         args += ["--device", "cpu"]
-    if ms.spec.api_key_secret_ref:
-        # The kubelet expands $(VAR) from the container's env, so the key never sits in the spec.
-        args += ["--api-key", "$(PAGODA_API_KEY)"]
+    # The API key is never an argument (argv is readable by every process on the node): the
+    # runtime reads PAGODA_API_KEY from its env, which a secretKeyRef fills (see _env).
+    args += ["--shutdown-timeout", str(shutdown_timeout_seconds(ms))]
     return args + list(engine.extra_args)
 
 
@@ -111,34 +111,24 @@ def _env(ms: ModelServer) -> list[dict]:
 
 
 def _strategy(ms: ModelServer) -> dict:
-    if ms.spec.resources.gpus:
-        # A surge pod would wait for the GPU the old pod holds; replace in place instead.
-        return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
-    return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    rollout = ms.spec.rollout
+    if ms.spec.resources.gpus and ms.spec.replicas > 1:
+        # Several GPU replicas: replace one at a time in place, needing no spare GPU set.
+        surge, unavailable = 0, 1
+    else:
+        # One replica (or CPU): the new pod serves before the old one goes; a lone GPU replica
+        # replaced in place would be an outage.
+        surge, unavailable = 1, 0
+    surge = rollout.max_surge if rollout.max_surge is not None else surge
+    unavailable = rollout.max_unavailable if rollout.max_unavailable is not None else unavailable
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": surge, "maxUnavailable": unavailable}}
 
 
-def _scheduling(ms: ModelServer) -> dict:
-    spec = ms.spec
-    node_selector = dict(spec.node_selector or {})
-    tolerations = list(spec.tolerations or [])
-    if spec.resources.gpus:
-        if spec.resources.gpu_type:
-            node_selector["nvidia.com/gpu.product"] = spec.resources.gpu_type
-        # GPU nodes are commonly tainted so that only GPU workloads land there.
-        gpu_taint = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-        if gpu_taint not in tolerations:
-            tolerations.append(gpu_taint)
-    out: dict = {}
-    for key, value in (
-        ("nodeSelector", node_selector),
-        ("tolerations", tolerations),
-        ("affinity", spec.affinity),
-        ("priorityClassName", spec.priority_class_name),
-        ("runtimeClassName", spec.runtime_class_name),
-    ):
-        if value:
-            out[key] = value
-    return out
+def shutdown_timeout_seconds(ms: ModelServer) -> int:
+    """The runtime's graceful-shutdown timeout: what the grace period leaves after preStop, less
+    a few seconds for the process to exit before the kubelet's SIGKILL."""
+    rollout = ms.spec.rollout
+    return max(1, rollout.termination_grace_period_seconds - rollout.pre_stop_seconds - 5)
 
 
 def build_deployment(ms: ModelServer, config: OperatorConfig, model_path: str | None = None) -> dict:
@@ -163,6 +153,9 @@ def build_deployment(ms: ModelServer, config: OperatorConfig, model_path: str | 
         "livenessProbe": _probe(10, 6, timeout=10),
         "securityContext": meta.restricted_container_security(),
     }
+    if ms.spec.rollout.pre_stop_seconds:
+        # Endpoints drop a stopping pod asynchronously; serving on meanwhile loses no request.
+        container["lifecycle"] = {"preStop": {"sleep": {"seconds": ms.spec.rollout.pre_stop_seconds}}}
     if ms.spec.env_from:
         container["envFrom"] = list(ms.spec.env_from)
     pod_labels = {**(ms.spec.pod_labels or {}), **meta.labels(ms, meta.SERVER_COMPONENT)}
@@ -173,13 +166,13 @@ def build_deployment(ms: ModelServer, config: OperatorConfig, model_path: str | 
         **(ms.spec.pod_annotations or {}),
     }
     pod_spec = {
-        "automountServiceAccountToken": False,
+        **meta.pod_identity(ms),
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 60,
+        "terminationGracePeriodSeconds": ms.spec.rollout.termination_grace_period_seconds,
         "securityContext": meta.restricted_pod_security(),
         "containers": [container],
         "volumes": volumes,
-        **_scheduling(ms),
+        **meta.placement(ms),
     }
     if init:
         pod_spec["initContainers"] = init

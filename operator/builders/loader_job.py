@@ -89,7 +89,7 @@ def build_loader_job(ms: ModelServer, config: OperatorConfig) -> dict | None:
     }
     pod_spec = {
         "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
+        **meta.pod_identity(ms),
         "enableServiceLinks": False,
         "securityContext": meta.restricted_pod_security(),
         "initContainers": [download],
@@ -102,13 +102,9 @@ def build_loader_job(ms: ModelServer, config: OperatorConfig) -> dict | None:
             meta.TMP_VOLUME,
         ],
     }
-    for key, value in (
-        ("nodeSelector", ms.spec.node_selector),
-        ("tolerations", ms.spec.tolerations),
-        ("priorityClassName", ms.spec.priority_class_name),
-    ):
-        if value:
-            pod_spec[key] = value
+    # Placed like the serving pods (GPU nodes, their taint, the product, affinity, runtimeClass):
+    # a ReadWriteOnce cache attaches where the loader ran, and that node must take the servers.
+    pod_spec.update(meta.placement(ms))
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

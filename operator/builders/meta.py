@@ -12,10 +12,6 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 SERVER_COMPONENT = "server"
 LOADER_COMPONENT = "loader"
 CACHE_COMPONENT = "cache"
-# The digest of what the operator last wrote, so that an unchanged spec never patches (and never
-# wakes the watchers of the object, which would reconcile again).
-ANNOTATION_SPEC_HASH = "pagoda.dev/spec-hash"
-ANNOTATION_LAST_APPLIED = "pagoda.dev/last-applied"
 RUNTIME_UID = 1000  # the non-root user both Dockerfiles create
 
 
@@ -80,6 +76,45 @@ def owns_cache_claim(ms: ModelServer) -> bool:
 
 def loader_job_name(ms: ModelServer, uri: str | None = None) -> str:
     return f"{ms.name}-load-{uri_digest(uri or ms.spec.model.uri)}"
+
+
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def placement(ms: ModelServer) -> dict:
+    """Where a ModelServer's pods run, the loader's included: the user's scheduling fields, plus
+    the GPU product selector and the toleration of the taint GPU nodes commonly carry."""
+    spec = ms.spec
+    node_selector = dict(spec.node_selector or {})
+    tolerations = list(spec.tolerations or [])
+    if spec.resources.gpus:
+        if spec.resources.gpu_type:
+            node_selector[GPU_PRODUCT_LABEL] = spec.resources.gpu_type
+        if GPU_TOLERATION not in tolerations:
+            tolerations.append(GPU_TOLERATION)
+    out: dict = {}
+    for key, value in (
+        ("nodeSelector", node_selector),
+        ("tolerations", tolerations),
+        ("affinity", spec.affinity),
+        ("priorityClassName", spec.priority_class_name),
+        ("runtimeClassName", spec.runtime_class_name),
+    ):
+        if value:
+            out[key] = value
+    return out
+
+
+def pod_identity(ms: ModelServer) -> dict:
+    """The pods' ServiceAccount and pull secrets. No API token is mounted unless a ServiceAccount
+    is named: the runtime never calls the API server."""
+    out: dict = {"automountServiceAccountToken": bool(ms.spec.service_account_name)}
+    if ms.spec.service_account_name:
+        out["serviceAccountName"] = ms.spec.service_account_name
+    if ms.spec.image_pull_secrets:
+        out["imagePullSecrets"] = [{"name": ref.name} for ref in ms.spec.image_pull_secrets]
+    return out
 
 
 def restricted_container_security() -> dict:

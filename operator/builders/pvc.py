@@ -14,11 +14,15 @@ def build_cache_pvc(ms: ModelServer) -> dict | None:
     spec: dict = {"accessModes": [cache.access_mode], "resources": {"requests": {"storage": cache.size}}}
     if cache.storage_class_name is not None:
         spec["storageClassName"] = cache.storage_class_name
-    # No owner reference: the finalizer decides the claim's fate by retainOnDelete, and the garbage
-    # collector must not take a cache that took an hour to fill.
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": meta.object_meta(ms, meta.cache_claim_name(ms), meta.CACHE_COMPONENT, owned=False),
-        "spec": spec,
-    }
+    metadata = meta.object_meta(ms, meta.cache_claim_name(ms), meta.CACHE_COMPONENT, owned=False)
+    # A retained cache has no owner: the garbage collector must not take weights that took an
+    # hour to fetch. One that goes with the ModelServer is owned, so that a claim created after the
+    # ModelServer went (a pass still in flight during the deletion) is collected, not orphaned.
+    if not cache.retain_on_delete and ms.uid:
+        metadata["ownerReferences"] = [cache_owner_reference(ms)]
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata, "spec": spec}
+
+
+def cache_owner_reference(ms: ModelServer) -> dict:
+    # Not blocking: foreground deletion of the ModelServer need not wait for the volume to go.
+    return {**meta.owner_reference(ms), "controller": False, "blockOwnerDeletion": False}

@@ -8,6 +8,7 @@ import itertools
 import os
 import uuid
 
+import attrs
 import kmock
 import kubernetes
 import pytest
@@ -38,7 +39,10 @@ RESOURCES = {
     "v1/pods": kmock.ResourceInfo(kind="Pod", namespaced=True, verbs={"get", "list", "create"}),
     "v1/services": kmock.ResourceInfo(kind="Service", namespaced=True, verbs={"get", "create", "patch"}),
     "v1/persistentvolumeclaims": kmock.ResourceInfo(
-        kind="PersistentVolumeClaim", namespaced=True, verbs={"get", "create", "delete"}
+        kind="PersistentVolumeClaim", namespaced=True, verbs={"get", "create", "patch", "delete"}
+    ),
+    "policy/v1/poddisruptionbudgets": kmock.ResourceInfo(
+        kind="PodDisruptionBudget", namespaced=True, verbs={"get", "create", "patch"}
     ),
     "v1/events": kmock.ResourceInfo(kind="Event", namespaced=True, verbs={"create"}),
     "autoscaling/v2/horizontalpodautoscalers": kmock.ResourceInfo(
@@ -77,6 +81,14 @@ class ApiServer(kmock.KubernetesEmulator):
 
     async def _handle(self, request):
         self._record(request)
+        if request.action == kmock.action.UPDATE and "apply-patch" in request.headers.get("Content-Type", ""):
+            # Server-side apply creates a missing object; kmock knows only merge patches of live ones.
+            key = (request.resource, request.namespace, request.name)
+            if key not in self.objects or self.objects[key].deleted:
+                created = attrs.evolve(request, action=kmock.action.CREATE, method=kmock.method.POST, name=None)
+                # kmock matches its reactions to requests it recorded, by identity.
+                index = next(i for i, r in enumerate(self._requests) if r is request)
+                self._requests[index] = request = created
         if request.action == kmock.action.UPDATE and isinstance(request.data, list):
             # A JSON patch's "test" op that fails is a 422 (kopf's optimistic concurrency relies on it).
             key = (request.resource, request.namespace, request.name)

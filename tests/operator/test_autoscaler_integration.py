@@ -1,8 +1,9 @@
 """The operator's autoscaler end to end on the CPU: kopf and the timer against an emulated API server
 (kmock), three real `pagoda serve` processes on 127.0.0.2-4 standing in for the pods, and a bounded
-load generator. The test plays the Deployment controller: it registers a Pod object (with the
-process's address as its pod IP) for each replica the Deployment asks for, and routes the load to
-those, as a Service would.
+load generator. The test plays the reconcile and the Deployment controller: it registers a Pod
+object (with the process's address as its pod IP) for each replica the ModelServer's spec.replicas
+asks for (the autoscaler's one write; the reconcile copies it into the Deployment, as
+tests/kube/test_kube_autoscaler.py shows on a real API server), and routes the load to those.
 
 What it checks (issue 8): replicas rise under a queue, in proportion (1 -> 3, not 1 -> 2 -> 3), hold
 while the queue lasts, do not fall while a replica stops answering, and fall back one step at a
@@ -176,7 +177,7 @@ async def deployment_controller(
     """Keep one Ready pod per desired replica (newest removed first) and route the load to them."""
     present: set[int] = set()
     while True:
-        desired = (await asyncio.to_thread(cluster.get, "Deployment", NS, NAME))["spec"]["replicas"]
+        desired = (await asyncio.to_thread(cluster.get, "ModelServer", NS, NAME))["spec"]["replicas"]
         for i, replica in enumerate(replicas):
             if i < desired and i not in present:
                 await asyncio.to_thread(cluster.create, pod_object(ms, i, replica))
@@ -218,8 +219,8 @@ async def autoscaler(cluster: Cluster):
 
 
 def replicas_history(apiserver) -> list[int]:
-    """Every spec.replicas the Deployment has had, as the API server stored them, without repeats."""
-    versions = apiserver.objects["apps/v1/deployments", NS, NAME].history
+    """Every spec.replicas the ModelServer has had, as the API server stored them, without repeats."""
+    versions = apiserver.objects["pagoda.dev/v1alpha1/modelservers", NS, NAME].history
     values = [v["spec"]["replicas"] for v in versions if v is not None]
     return [n for n, _ in itertools.groupby(values)]
 
@@ -288,7 +289,8 @@ async def test_replicas_follow_the_queue(apiserver, replicas):
         return next((c for c in status().get("conditions") or [] if c["type"] == "ScalingActive"), {})
 
     def deployment_replicas() -> int:
-        return cluster.get("Deployment", NS, NAME)["spec"]["replicas"]
+        """What the Deployment is asked for: the ModelServer's spec.replicas (see the docstring)."""
+        return cluster.get("ModelServer", NS, NAME)["spec"]["replicas"]
 
     async def now(check):
         """A sync API read from the test body: in a thread, as the API server shares this loop."""
@@ -313,7 +315,7 @@ async def test_replicas_follow_the_queue(apiserver, replicas):
                 )
                 modelserver = await now(lambda: cluster.get("ModelServer", NS, NAME))
                 assert modelserver["spec"]["replicas"] == 3
-                assert scale_writes(apiserver) == [("modelservers", 3), ("deployments", 3)]
+                assert scale_writes(apiserver) == [("modelservers", 3)]  # one writer
                 st = await eventually(lambda: status().get("desiredReplicas") == 3 and status())
                 assert st["lastScaleTime"]
                 assert st["autoscaling"]["reason"] in ("QueueAboveTarget", "AtMaxReplicas")
@@ -350,9 +352,7 @@ async def test_replicas_follow_the_queue(apiserver, replicas):
             assert time.monotonic() - resumed >= DELAY - scrape_timeout - 0.25
             await eventually(lambda: deployment_replicas() == 1, timeout=DELAY + 10)
             assert replicas_history(apiserver) == [1, 3, 2, 1]
-            assert scale_writes(apiserver)[2:] == [
-                ("modelservers", 2), ("deployments", 2), ("modelservers", 1), ("deployments", 1),
-            ]  # fmt: skip
+            assert scale_writes(apiserver)[1:] == [("modelservers", 2), ("modelservers", 1)]
             await asyncio.sleep(DELAY + 1)
             assert await now(deployment_replicas) == 1  # never below minReplicas
             await eventually(lambda: len(events(apiserver, "ScaledDown")) == 2)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import jsonschema
 import kubernetes_validate
+import promql_parser
 import pytest
 
 from pagoda.operator.autoscaler.manifests import build_autoscaler
@@ -134,7 +135,7 @@ def test_keda_scaled_object_matches_keda_crd_schema(monkeypatch):
             "metricType": "AverageValue",
             "metadata": {
                 "serverAddress": "http://prometheus.monitoring:9090",
-                "query": 'sum(pagoda:num_requests_waiting{model_name="llama-8b"})',
+                "query": 'sum(pagoda:num_requests_waiting{namespace="serving",model_name="llama-8b"})',
                 "threshold": "3",
             },
         }
@@ -178,3 +179,23 @@ def test_hpa_floor_is_one_replica_keda_may_reach_zero():
     assert hpa["spec"]["minReplicas"] == 1
     (scaled,) = build_autoscaler(modelserver("keda", minReplicas=0))
     assert scaled["spec"]["minReplicaCount"] == 0
+
+
+@pytest.mark.parametrize("target", [2.5, 0.25, 7])
+def test_keda_threshold_is_a_plain_number(target):
+    """KEDA parses trigger metadata with strconv.ParseFloat: a quantity such as "2500m" fails."""
+    (scaled,) = build_autoscaler(modelserver("keda", targetWaitingRequests=target))
+    threshold = scaled["spec"]["triggers"][0]["metadata"]["threshold"]
+    assert float(threshold) == target and "m" not in threshold
+
+
+@pytest.mark.parametrize("name", ['llama-8b', 'org/model "quoted"', "back\\slash", "new\nline"])
+def test_keda_query_parses_and_selects_this_namespace_and_model(name):
+    """Prometheus' grammar (promql-parser) reads back exactly the namespace and the served name."""
+    body = modelserver("keda")
+    body["spec"]["model"]["name"] = name
+    (scaled,) = build_autoscaler(body)
+    expr = promql_parser.parse(scaled["spec"]["triggers"][0]["metadata"]["query"])
+    assert isinstance(expr, promql_parser.AggregateExpr) and expr.expr.name == "pagoda:num_requests_waiting"
+    matchers = {m.name: m.value for m in expr.expr.matchers.matchers}
+    assert matchers == {"namespace": "serving", "model_name": name}

@@ -107,10 +107,18 @@ def test_deployment_promises(name):
     _restricted(pod)
     assert d["metadata"]["ownerReferences"][0]["uid"] == "0b4a-uid"
     assert d["spec"]["replicas"] == ms.spec.replicas
-    # GPU limits, and a rollout that never waits for a GPU the old pod holds.
+    # GPU limits; a lone replica surges (no outage), several GPU replicas replace in place.
     assert c["resources"]["limits"].get("nvidia.com/gpu") == (str(gpus) if gpus else None)
-    surge = d["spec"]["strategy"]["rollingUpdate"]["maxSurge"]
-    assert surge == (0 if gpus else 1)
+    rolling = d["spec"]["strategy"]["rollingUpdate"]
+    in_place = bool(gpus) and ms.spec.replicas > 1
+    assert (rolling["maxSurge"], rolling["maxUnavailable"]) == ((0, 1) if in_place else (1, 0))
+    # Stopping: preStop keeps serving while endpoints drop the pod, and the runtime's graceful
+    # shutdown ends before the grace period does.
+    grace = pod["terminationGracePeriodSeconds"]
+    assert grace == ms.spec.rollout.termination_grace_period_seconds
+    pre_stop = c["lifecycle"]["preStop"]["sleep"]["seconds"]
+    shutdown = float(c["args"][c["args"].index("--shutdown-timeout") + 1])
+    assert 0 < pre_stop and pre_stop + shutdown < grace
     assert ("--device" in c["args"]) == (gpus == 0)
     if ms.spec.resources.gpu_type:
         assert pod["nodeSelector"]["nvidia.com/gpu.product"] == ms.spec.resources.gpu_type
@@ -141,7 +149,8 @@ def test_engine_args_and_secrets():
     assert pairs["--max-model-len"] == "8192" and pairs["--max-num-batched-tokens"] == "8192"
     assert pairs["--dtype"] == "bfloat16" and pairs["--gpu-memory-utilization"] == "0.9"
     assert args[-2:] == ["--block-size", "16"]  # extraArgs last, as given
-    assert args[args.index("--api-key") + 1] == "$(PAGODA_API_KEY)"
+    # The key reaches the runtime only through its env (argv is visible on the node).
+    assert "--api-key" not in args and not any("API_KEY" in a for a in args)
     key = next(e for e in c["env"] if e["name"] == "PAGODA_API_KEY")
     assert key["valueFrom"]["secretKeyRef"] == {"name": "llama-api-key", "key": "api-key"}
     tp = _container(build_deployment(modelserver("pvc-uri"), CONFIG))["args"]
@@ -277,3 +286,43 @@ def test_plan_cli_accepts_the_loader_args():
         command = job["spec"]["template"]["spec"]["containers"][0]["command"]
         parsed = parser.parse_args([*command[4:], "--json"])
         assert parsed.json and parsed.model == meta.model_uri(ms).mount_path
+
+
+def test_rollout_settings_are_passed_through():
+    ms = modelserver("full")
+    ms.spec.rollout.max_surge, ms.spec.rollout.max_unavailable = "25%", 0
+    ms.spec.rollout.termination_grace_period_seconds, ms.spec.rollout.pre_stop_seconds = 120, 0
+    d = build_deployment(ms, CONFIG)
+    assert d["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": "25%", "maxUnavailable": 0}
+    c = _container(d)
+    assert "lifecycle" not in c and c["args"][c["args"].index("--shutdown-timeout") + 1] == "115"
+    kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_loader_job_is_placed_like_the_serving_pods(name):
+    ms = modelserver(name)
+    server = build_deployment(ms, CONFIG)["spec"]["template"]["spec"]
+    job = build_loader_job(ms, CONFIG)
+    if job is None:
+        return
+    loader = job["spec"]["template"]["spec"]
+    for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName", "runtimeClassName",
+                "imagePullSecrets", "serviceAccountName", "automountServiceAccountToken"):
+        assert loader.get(key) == server.get(key), key
+    if ms.spec.resources.gpus:
+        assert meta.GPU_TOLERATION in loader["tolerations"]
+
+
+def test_pods_get_pull_secrets_and_a_service_account_when_asked():
+    ms = modelserver("full")
+    assert build_deployment(ms, CONFIG)["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    raw = ms.model_dump(by_alias=True)
+    raw["spec"].update(imagePullSecrets=[{"name": "registry"}], serviceAccountName="model-reader")
+    ms = type(ms).model_validate(raw)
+    for pod in (
+        build_deployment(ms, CONFIG)["spec"]["template"]["spec"],
+        build_loader_job(ms, CONFIG)["spec"]["template"]["spec"],
+    ):
+        assert pod["imagePullSecrets"] == [{"name": "registry"}]
+        assert pod["serviceAccountName"] == "model-reader" and pod["automountServiceAccountToken"] is True

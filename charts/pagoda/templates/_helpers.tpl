@@ -37,14 +37,20 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: ["pagoda.dev"]
   resources: ["modelservers/status"]
   verbs: ["patch"]
+# Children carry an owner reference with blockOwnerDeletion; OwnerReferencesPermissionEnforcement
+# (OpenShift, hardened clusters) admits one only from a user who may update the owner's finalizers.
+- apiGroups: ["pagoda.dev"]
+  resources: ["modelservers/finalizers"]
+  verbs: ["update"]
 # The autoscaler writes replicas through the scale subresource.
 - apiGroups: ["pagoda.dev"]
   resources: ["modelservers/scale"]
   verbs: ["patch"]
-# The cache claim: created once, deleted by the finalizer unless retainOnDelete.
+# The cache claim: created once, grown when cache.size grows, its owner reference kept in step
+# with retainOnDelete, deleted by the finalizer unless retainOnDelete.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
-  verbs: ["get", "create", "delete"]
+  verbs: ["get", "create", "patch", "delete"]
 # The loader Job: watched for completion, stale ones pruned, failed ones deleted to retry.
 - apiGroups: ["batch"]
   resources: ["jobs"]
@@ -65,6 +71,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+# Node drains take the serving pods one at a time.
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "create", "patch"]
 # scaling.mode hpa / keda.
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]

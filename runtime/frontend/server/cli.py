@@ -57,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "in a thread of the server (starts faster; slower under load) (default: %(default)s)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"],
                    help="log level for pagoda and uvicorn (default: info)")
+    p.add_argument("--shutdown-timeout", type=float, default=None, metavar="SECONDS",
+                   help="on SIGTERM, wait at most this long for requests in flight (default: no limit); "
+                        "the operator sets it to fit the pod's termination grace period")
 
 
 def read_chat_template(value: str | None) -> str | None:
@@ -168,5 +171,6 @@ def run(args) -> int:
     except EngineStartError as exc:
         logger.error("cannot serve %s: %s", args.model, exc)
         return 1
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_keep_alive=30)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_keep_alive=30,
+                timeout_graceful_shutdown=args.shutdown_timeout)
     return 0

@@ -1,0 +1,199 @@
+"""The real control plane for tests: e2e/kube/up.sh and down.sh, kubectl, the chart's operator.
+
+A module of its own (not conftest) so that tests import its helpers by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import kubernetes
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+KUBE = ROOT / "e2e" / "kube"
+CHART = ROOT / "charts" / "pagoda"
+EXAMPLES = ROOT / "examples"
+OPERATOR_NAMESPACE = "pagoda-system"
+RELEASE = "pagoda"
+# Generous: a 2-core CI machine runs the whole control plane beside the operator and pytest.
+WAIT_SECONDS = float(os.environ.get("PAGODA_KUBE_WAIT_SECONDS", "120"))
+
+
+def cache_dir() -> Path:
+    """The control plane's build (build.sh builds it, or finds it cached, and prints where)."""
+    out = subprocess.run([str(KUBE / "build.sh")], check=True, capture_output=True, text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+@dataclass
+class Kube:
+    """A running control plane: its admin kubeconfig and a kubectl bound to it."""
+
+    dir: Path
+    bin: Path
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.dir / "kubeconfig"
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
+                kubeconfig: Path | None = None) -> subprocess.CompletedProcess:
+        cmd = [str(self.bin / "kubectl"), "--kubeconfig", str(kubeconfig or self.kubeconfig), *args]
+        result = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=120)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{' '.join(args)} failed ({result.returncode}): {result.stderr}")
+        return result
+
+    def kubectl_json(self, *args: str) -> dict:
+        return json.loads(self.kubectl(*args, "-o", "json").stdout)
+
+    def api(self, kubeconfig: Path | None = None) -> kubernetes.client.ApiClient:
+        configuration = kubernetes.client.Configuration()
+        kubernetes.config.load_kube_config(
+            config_file=str(kubeconfig or self.kubeconfig), client_configuration=configuration
+        )
+        return kubernetes.client.ApiClient(configuration)
+
+    def namespace(self, prefix: str = "t", restricted: bool = True) -> str:
+        """A fresh namespace, under the restricted Pod Security Standard unless asked otherwise."""
+        name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        labels = {"pod-security.kubernetes.io/enforce": "restricted"} if restricted else {}
+        ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+        self.kubectl("apply", "-f", "-", input=json.dumps(ns))
+        return name
+
+    def apply(self, obj: dict | list[dict] | str, namespace: str | None = None) -> str:
+        text = obj if isinstance(obj, str) else yaml.safe_dump_all(obj if isinstance(obj, list) else [obj])
+        args = ["apply", "-f", "-"] + (["-n", namespace] if namespace else [])
+        return self.kubectl(*args, input=text).stdout
+
+    def get(self, kind: str, name: str, namespace: str) -> dict | None:
+        result = self.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
+        if result.returncode != 0:
+            if "NotFound" in result.stderr:
+                return None
+            raise AssertionError(result.stderr)
+        return json.loads(result.stdout)
+
+    def items(self, kind: str, namespace: str, selector: str | None = None) -> list[dict]:
+        args = ["get", kind, "-n", namespace] + (["-l", selector] if selector else [])
+        return self.kubectl_json(*args)["items"]
+
+    def events(self, namespace: str, name: str) -> list[dict]:
+        items = self.items("events", namespace)
+        return [e for e in items if (e.get("involvedObject") or {}).get("name") == name]
+
+
+def wait_for(check, what: str, timeout: float = WAIT_SECONDS, interval: float = 0.5):
+    """Poll check() until it returns truthy; no timing is asserted, the deadline is a hang guard."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            last = check()
+            if last:
+                return last
+        except (AssertionError, KeyError, TypeError, IndexError) as exc:
+            last = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+        time.sleep(interval)
+
+
+def start(dir: Path) -> Kube:
+    bin = cache_dir() / "bin"
+    up = subprocess.run([str(KUBE / "up.sh"), str(dir)], capture_output=True, text=True, timeout=900)
+    if up.returncode != 0:
+        stop(dir)
+        raise RuntimeError(f"up.sh failed ({up.returncode}):\n{up.stderr[-6000:]}")
+    return Kube(dir=dir, bin=bin)
+
+
+def stop(dir: Path) -> None:
+    subprocess.run([str(KUBE / "down.sh"), str(dir)], check=False, timeout=120)
+
+
+# -- the chart and the operator -------------------------------------------------------------------
+
+
+def install_chart(kube: Kube, values: dict | None = None) -> dict:
+    """helm install, with helm-python-sdk (Helm's own Go code), into OPERATOR_NAMESPACE."""
+    import helm_python as helm
+
+    with helm.Config(kubeconfig_path=str(kube.kubeconfig), namespace=OPERATOR_NAMESPACE) as config:
+        with helm.Chart.load(CHART) as chart:
+            return config.install(
+                chart, RELEASE, values or {}, namespace=OPERATOR_NAMESPACE, create_namespace=True,
+                timeout=300,
+            )
+
+
+def service_account_kubeconfig(kube: Kube, name: str = RELEASE, namespace: str = OPERATOR_NAMESPACE,
+                               server: str | None = None) -> Path:
+    """A kubeconfig that authenticates as the chart's ServiceAccount (a TokenRequest token), so
+    the operator running on this machine is held to the chart's RBAC."""
+    token = kube.kubectl("create", "token", name, "-n", namespace, "--duration", "6h").stdout.strip()
+    admin = yaml.safe_load(kube.kubeconfig.read_text())
+    cluster = admin["clusters"][0]["cluster"]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {**cluster, **({"server": server} if server else {})}}],
+        "users": [{"name": name, "user": {"token": token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": name}}],
+        "current-context": "c",
+    }
+    path = kube.dir / f"operator-{uuid.uuid4().hex[:6]}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@dataclass
+class Operator:
+    """`pagoda operator` as a local process, as the chart's ServiceAccount."""
+
+    kubeconfig: Path
+    log: Path
+    env: dict = field(default_factory=dict)
+    process: subprocess.Popen | None = None
+
+    def start(self) -> Operator:
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "PAGODA_RESYNC_SECONDS": "3",
+            "PAGODA_RETRY_BASE_SECONDS": "2",
+            "PAGODA_RUNTIME_IMAGE": "registry.local/pagoda-runtime:test",
+            **self.env,
+        }
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        handle = self.log.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "pagoda.runtime.cli", "operator", "--all-namespaces", "--verbose"],
+            env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT,
+        )
+        return self
+
+    def stop(self, kill: bool = False) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        if kill:
+            self.process.kill()
+        else:
+            self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+
+    def tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
