@@ -63,10 +63,4 @@ BROKEN.update({
     "cache-read-write-once-autoscaled": (
         lambda s: s.update(scaling={"minReplicas": 1, "maxReplicas": 3}), "cache.accessMode"
     ),
-    "keda-from-zero": (
-        lambda s: s.update(
-            scaling={"mode": "keda", "minReplicas": 0, "maxReplicas": 2}, cache={"accessMode": "ReadWriteMany"}
-        ),
-        "scaling.minReplicas",
-    ),
 })

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from conftest import metric, wait_for
+from router_support import metric, wait_for
 
 LONG = {"prompt": "def main(argv=None):", "max_tokens": 900, "temperature": 0, "ignore_eos": True}
 

@@ -8,7 +8,7 @@ import concurrent.futures
 import httpx
 import openai
 import pytest
-from conftest import REPLICA_FLAGS, ROOT, metric, router_process, wait_for, write_static
+from router_support import REPLICA_FLAGS, ROOT, metric, router_process, wait_for, write_static
 from serve_process import pagoda_serve
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from conftest import metric
+from router_support import metric
 
 
 def _client(router) -> openai.OpenAI:

@@ -8,7 +8,7 @@ from urllib.parse import urlparse
 
 import httpx
 import pytest
-from conftest import router_process, write_static
+from router_support import router_process, write_static
 from tap import Tap
 
 PROMPT = "class LRUCache:\n    def __init__(self, capacity):"
