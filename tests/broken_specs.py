@@ -23,7 +23,7 @@ BROKEN = {
     ),
     "tp-on-cpu": (
         lambda s: s.update(resources={"gpus": 0}, engine={"tensorParallelSize": 2}),
-        "tensorParallelSize",
+        "engine.tensorParallelSize",
     ),
     "gpu-type-without-gpus": (
         lambda s: s.update(resources={"gpus": 0, "gpuType": "NVIDIA-L4"}),

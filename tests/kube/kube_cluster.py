@@ -44,6 +44,10 @@ class Kube:
     def kubeconfig(self) -> Path:
         return self.dir / "kubeconfig"
 
+    @property
+    def server(self) -> str:
+        return yaml.safe_load(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+
     def kubectl(self, *args: str, input: str | None = None, check: bool = True,
                 kubeconfig: Path | None = None) -> subprocess.CompletedProcess:
         cmd = [str(self.bin / "kubectl"), "--kubeconfig", str(kubeconfig or self.kubeconfig), *args]

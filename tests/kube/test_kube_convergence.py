@@ -1,0 +1,113 @@
+"""What a real cluster does to the operator: live edits of its objects, a Deployment the API server
+refuses, a ModelServer deleted while a pass is in flight, and restarts mid-reconcile. Each converges, with no duplicates and no leaks."""
+
+from __future__ import annotations
+
+import json
+
+from kube_cluster import service_account_kubeconfig, wait_for
+
+from pagoda.operator.config import OperatorConfig
+from pagoda.operator.k8s import Cluster
+from pagoda.operator.reconcile import reconcile
+
+SELECT = "pagoda.dev/modelserver={}"
+
+
+def modelserver(name: str, ns: str, **spec) -> dict:
+    return {
+        "apiVersion": "pagoda.dev/v1alpha1",
+        "kind": "ModelServer",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"model": {"uri": f"hf://org/{name}"}, **spec},
+    }
+
+
+def ready(kube, name: str, ns: str):
+    def check():
+        ms = kube.get("modelserver", name, ns)
+        return ms if (ms or {}).get("status", {}).get("phase") == "Ready" else None
+
+    return check
+
+
+def children(kube, ns: str, name: str) -> dict[str, list[str]]:
+    out = {}
+    for kind in ("pvc", "job", "deployment", "service", "pdb"):
+        out[kind] = sorted(o["metadata"]["name"] for o in kube.items(kind, ns, SELECT.format(name)))
+    return out
+
+
+def expected_children(name: str) -> dict[str, list[str]]:
+    return {"pvc": [f"{name}-cache"], "deployment": [name], "service": [name], "pdb": [name]}
+
+
+def converged(kube, ns: str, name: str) -> bool:
+    found = children(kube, ns, name)
+    jobs = found.pop("job")
+    return found == expected_children(name) and len(jobs) == 1
+
+
+def test_live_edits_are_reverted_and_dropped_fields_removed(kube, operator):
+    ns = kube.namespace("edit")
+    kube.apply(modelserver("edited", ns, podLabels={"team": "a", "extra": "b"}))
+    wait_for(ready(kube, "edited", ns), "Ready")
+    # Someone edits a field the operator owns: the next pass puts it back.
+    kube.kubectl("set", "image", "deployment/edited", "-n", ns, "runtime=registry.local/evil:1")
+    wait_for(lambda: kube.get("deployment", "edited", ns)["spec"]["template"]["spec"]["containers"][0]["image"]
+             == "registry.local/pagoda-runtime:test", "the image to be reverted")  # fmt: skip
+    # A field dropped from the spec goes from the Deployment too.
+    kube.kubectl("patch", "modelserver", "edited", "-n", ns, "--type=json",
+                 "-p", json.dumps([{"op": "remove", "path": "/spec/podLabels/extra"}]))  # fmt: skip
+    labels = lambda: kube.get("deployment", "edited", ns)["spec"]["template"]["metadata"]["labels"]  # noqa: E731
+    wait_for(lambda: "extra" not in labels(), "the dropped label to go")
+    assert labels()["team"] == "a"
+    live = kube.kubectl_json("get", "deployment", "edited", "-n", ns, "--show-managed-fields")
+    assert ("pagoda-operator", "Apply") in {(m["manager"], m["operation"]) for m in live["metadata"]["managedFields"]}
+
+
+def test_a_deployment_the_api_server_refuses_fails_the_modelserver_with_a_warning(kube, operator):
+    ns = kube.namespace("refused")
+    kube.apply(modelserver("refused", ns, podLabels={"not a label!": "x"}))
+    ms = wait_for(lambda: (m := kube.get("modelserver", "refused", ns))["status"].get("phase") == "Failed" and m,
+                  "phase Failed")  # fmt: skip
+    assert "rejected the Deployment" in ms["status"]["message"]
+    progressing = next(c for c in ms["status"]["conditions"] if c["type"] == "Progressing")
+    assert progressing["reason"] == "Rejected"
+    warnings = wait_for(lambda: [e for e in kube.events(ns, "refused") if e["reason"] == "DeploymentRejected"],
+                        "the Warning event")  # fmt: skip
+    assert warnings[0]["type"] == "Warning" and "not a label!" in warnings[0]["message"]
+    # Fixing the spec recovers.
+    kube.kubectl("patch", "modelserver", "refused", "-n", ns, "--type=merge", "-p",
+                 json.dumps({"spec": {"podLabels": None}}))  # fmt: skip
+    wait_for(ready(kube, "refused", ns), "Ready after the fix")
+
+
+def test_a_pass_in_flight_during_deletion_leaves_no_orphaned_claim(kube, operator):
+    """The pass reads the ModelServer, the ModelServer is deleted (its finalizer deletes the claim),
+    then the pass creates the claim: owned, so the garbage collector takes it."""
+    ns = kube.namespace("orphan")
+    kube.apply(modelserver("gone", ns, cache={"retainOnDelete": False}))
+    stale = wait_for(ready(kube, "gone", ns), "Ready")
+    kube.kubectl("delete", "modelserver", "gone", "-n", ns, "--wait=true", "--timeout=120s")
+    wait_for(lambda: not kube.items("pvc", ns), "the claim to go with the ModelServer")
+    cluster = Cluster(kube.api(service_account_kubeconfig(kube)))
+    late = reconcile(cluster, OperatorConfig(runtime_image="registry.local/pagoda-runtime:test"), stale)
+    assert "CacheClaimCreated" in {reason for _, reason, _ in late.events}, "the late pass made the claim"
+    wait_for(lambda: not kube.items("pvc,job", ns), "the garbage collector to take what the late pass made")
+
+
+def test_operator_killed_mid_reconcile_converges_without_duplicates(kube, operator):
+    ns = kube.namespace("restart")
+    stages = {"claim": "pvc", "loader": "job", "server": "deployment"}
+    for stage, kind in stages.items():
+        name = f"kill-at-{stage}"
+        kube.apply(modelserver(name, ns))
+        wait_for(lambda kind=kind, name=name: kube.items(kind, ns, SELECT.format(name)), f"a {kind}", interval=0.05)
+        operator.stop(kill=True)  # SIGKILL: no cleanup, mid-pass
+        operator.start()
+        wait_for(ready(kube, name, ns), f"{name} Ready after the restart")
+        wait_for(lambda name=name: converged(kube, ns, name), f"{name}'s children, once each")
+    for stage in stages:
+        kube.kubectl("delete", "modelserver", f"kill-at-{stage}", "-n", ns, "--wait=true", "--timeout=120s")
+    wait_for(lambda: not kube.items("job,deployment,service,pdb", ns), "no leaks")
