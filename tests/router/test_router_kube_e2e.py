@@ -18,7 +18,7 @@ import kmock
 import kubernetes
 import pytest
 import yaml
-from conftest import REPLICA_FLAGS, ROOT, metric
+from router_support import REPLICA_FLAGS, ROOT, metric
 from serve_process import free_port
 from test_router_kube import RESOURCES, endpoint, endpoint_slice, until
 
