@@ -166,9 +166,12 @@ class EngineCore:
 
     # ---- the step -------------------------------------------------------------------------
 
-    def step(self, overlap: Callable[[], None] | None = None) -> list[EngineCoreOutput]:
+    def step(self, overlap: Callable[[], None] | None = None, overlap_aborts: bool = True
+             ) -> list[EngineCoreOutput]:
         """One engine step. overlap: host work to run while the step is on the GPU (it may
-        abort requests; their rows in flight are dropped)."""
+        abort requests; their rows in flight are dropped). overlap_aborts=False promises that it
+        aborts nothing (no live request has a stop string): the step ahead is then launched
+        before it runs, so the GPU never waits for it."""
         if self._in_flight is not None:  # launched ahead by the previous call
             (sched, pending), self._in_flight = self._in_flight, None
         else:
@@ -178,14 +181,17 @@ class EngineCore:
                     overlap()
                 return []
             pending = self.runner.launch(sched, self.kv_cache_manager)
-        if overlap is not None:
-            overlap()
+        if overlap is not None and overlap_aborts:
+            overlap()  # first, so that an abort keeps its request out of the step ahead
+            overlap = None
         if self.async_scheduling:
             # Queue the next decode step behind this one before reading this one's tokens, so the
             # GPU does not idle through the host work between steps.
             ahead = self.scheduler.schedule_ahead(sched)
             if ahead is not None:
                 self._in_flight = (ahead, self.runner.launch(ahead, self.kv_cache_manager, pending))
+        if overlap is not None:
+            overlap()
         result = pending.wait()
         updated = self.scheduler.update_from_output(sched, result.sampled)
         return self._outputs(updated, result.logprobs, result.prompt_logprobs)

@@ -88,7 +88,9 @@ class Request:
 
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
-        self._update_block_hashes()
+        # Called for every token of every running request: return early unless a block filled.
+        if (len(self.block_hashes) + 1) * self.block_size <= len(self.prompt_token_ids) + len(self.output_token_ids):
+            self._update_block_hashes()
 
     def _update_block_hashes(self) -> None:
         bs = self.block_size
@@ -100,7 +102,7 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status.finished
+        return self.status >= RequestStatus.FINISHED_STOPPED  # RequestStatus.finished, inlined (hot)
 
     @property
     def wants_prompt_logprobs(self) -> bool:

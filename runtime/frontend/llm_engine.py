@@ -88,7 +88,10 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """One core step; returns the RequestOutputs of the step before it."""
-        self._records = self.engine_core.step(overlap=self._process_records)
+        # Only a stop string makes the frontend abort; without one the core may queue the step
+        # ahead before the records are processed.
+        self._records = self.engine_core.step(overlap=self._process_records,
+                                              overlap_aborts=self.output_processor.has_stop_strings())
         outputs, self._ready = self._ready, []
         return outputs
 

@@ -60,9 +60,14 @@ class OutputProcessor:
         self.states: dict[str, RequestState] = {}
         self._children: dict[str, tuple[RequestState, CompletionState]] = {}
         self._piece_cache: dict[int, str] = {}
+        self._with_stop_strings: set[str] = set()  # unfinished requests that have stop strings
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.states)
+
+    def has_stop_strings(self) -> bool:
+        """Whether processing a step's records may end a request here (and abort it in the core)."""
+        return bool(self._with_stop_strings)
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams, arrival_time: float) -> None:
@@ -84,12 +89,15 @@ class OutputProcessor:
             num_unfinished=params.n,
         )
         self.states[request_id] = state
+        if params.stop:
+            self._with_stop_strings.add(request_id)
         for child, c in zip(child_ids(request_id, params.n), state.completions):
             self._children[child] = (state, c)
 
     def forget(self, request_id: str) -> None:
         """Drop a request the core never took (its add failed): it counts nowhere."""
         state = self.states.pop(request_id, None)
+        self._with_stop_strings.discard(request_id)
         if state is not None:
             for child in child_ids(request_id, len(state.completions)):
                 self._children.pop(child, None)
@@ -175,6 +183,7 @@ class OutputProcessor:
 
     def _finish(self, state: RequestState, now: float) -> RequestOutput:
         del self.states[state.request_id]
+        self._with_stop_strings.discard(state.request_id)
         state.metrics.finished_time = now
         if self.metrics is not None:
             self.metrics.on_finish(_finish_reason(state), now - state.metrics.arrival_time)

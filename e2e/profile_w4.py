@@ -1,0 +1,121 @@
+"""Where W4's wall time goes on the GPU: per-step host and GPU time and the GPU's idle gaps, for a
+few engine settings in one process, plus a cProfile table of the host's hot functions.
+
+    python e2e/profile_w4.py --out DIR [--seats 256 1024] [--num-prompts 1024] [--cprofile 256]
+
+Each setting builds a fresh LLM on the W4 model (random weights), warms it with another draw, and
+runs W4's requests under StepRecorder (e2e/profile_gpu.py). `--ahead-first` also runs each setting
+with the step scheduled ahead launched before the frontend's output processing rather than after
+it (an A/B of EngineCore.step's order). Writes profile-w4-<commit>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import json
+import os
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from profile_gpu import StepRecorder, generate_fn, kernel_table, timed_generate  # noqa: E402
+
+from pagoda.runtime.core import engine_core  # noqa: E402
+from pagoda.runtime.frontend.llm import LLM  # noqa: E402
+from pagoda.runtime.sampling_params import SamplingParams  # noqa: E402
+from pagoda.runtime.tools.bench import workloads  # noqa: E402
+
+
+def step_ahead_first(self, overlap=None):
+    """EngineCore.step with the successor launched before `overlap` runs."""
+    if self._in_flight is not None:
+        (sched, pending), self._in_flight = self._in_flight, None
+    else:
+        sched = self.scheduler.schedule()
+        if sched.is_empty():
+            if overlap is not None:
+                overlap()
+            return []
+        pending = self.runner.launch(sched, self.kv_cache_manager)
+    if self.async_scheduling:
+        ahead = self.scheduler.schedule_ahead(sched)
+        if ahead is not None:
+            self._in_flight = (ahead, self.runner.launch(ahead, self.kv_cache_manager, pending))
+    if overlap is not None:
+        overlap()
+    result = pending.wait()
+    updated = self.scheduler.update_from_output(sched, result.sampled)
+    return self._outputs(updated, result.logprobs, result.prompt_logprobs)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--seats", type=int, nargs="+", default=[256, 1024])
+    p.add_argument("--num-prompts", type=int, default=workloads.W4_NUM_REQUESTS)
+    p.add_argument("--ahead-first", action="store_true")
+    p.add_argument("--kernels", type=int, default=0, metavar="N",
+                   help="a torch.profiler kernel table of N prompts with 64 output tokens (first setting)")
+    p.add_argument("--cprofile", type=int, default=0, metavar="N", help="cProfile a run of N prompts")
+    args = p.parse_args()
+    model = workloads.resolve_model("w4")
+    greedy = SamplingParams(temperature=0, max_tokens=workloads.W1_OUTPUT_LEN, ignore_eos=True)
+    warm = [r.prompt_token_ids for r in workloads.offline_requests(args.num_prompts, 16, seed=1)]
+    result = {"commit": os.environ.get("PAGODA_COMMIT", "unknown"), "gpu": torch.cuda.get_device_name(),
+              "torch": torch.__version__, "num_prompts": args.num_prompts, "runs": {}}
+    original = engine_core.EngineCore.step
+    orders = [("launch_after_overlap", original)] + ([("ahead_first", step_ahead_first)] if args.ahead_first else [])
+    for seats in args.seats:
+        llm = LLM(model=str(model), load_format="dummy", max_model_len=2048, max_num_seqs=seats, seed=0)
+        rec = StepRecorder(llm.llm_engine)
+        for name, fn in orders:
+            engine_core.EngineCore.step = fn
+            timed_generate(llm, rec, warm, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+            # a fresh draw each time: the prefix cache holds the last one
+            seed = 10 + len(result["runs"])
+            fresh = [r.prompt_token_ids for r in workloads.offline_requests(args.num_prompts, 256, seed)]
+            run = timed_generate(llm, rec, fresh, greedy)
+            key = f"seats{seats}-{name}"
+            result["runs"][key] = run
+            print(key, json.dumps(run), flush=True)
+        engine_core.EngineCore.step = original
+        if args.kernels and seats == args.seats[0]:
+            fresh = [r.prompt_token_ids for r in workloads.offline_requests(args.kernels, 64, 98)]
+            short = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+            result["kernels"] = kernel_table(generate_fn(llm, fresh, short), top=30)
+            for r in result["kernels"]:
+                print(f"  {r['gpu_ms']:9.2f} ms {r['share']:6.1%} x{r['count']:<6} {r['name']}", flush=True)
+        if args.cprofile and seats == args.seats[0]:
+            prof = cProfile.Profile()
+            fresh = [r.prompt_token_ids for r in workloads.offline_requests(args.cprofile, 256, 99)]
+            t0 = time.perf_counter()
+            prof.enable()
+            llm.generate([{"prompt_token_ids": q} for q in fresh], greedy, use_tqdm=False)
+            torch.cuda.synchronize()
+            prof.disable()
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(35)
+            result["cprofile"] = {"seats": seats, "prompts": args.cprofile,
+                                  "wall_s": time.perf_counter() - t0, "table": buf.getvalue()}
+            print(buf.getvalue(), flush=True)
+        llm.shutdown()
+        del llm, rec
+        gc.collect()
+        torch.cuda.empty_cache()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"profile-w4-{result['commit']}.json"
+    path.write_text(json.dumps(result, indent=1))
+    print("wrote", path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
