@@ -3,7 +3,7 @@ runtime's metrics (say to vLLM's `vllm:` names) is a one-line change here."""
 
 from __future__ import annotations
 
-PREFIX = "pagoda:"
+PREFIX = "vllm:"
 WAITING = f"{PREFIX}num_requests_waiting"
 RUNNING = f"{PREFIX}num_requests_running"
 # The custom-metrics API (prometheus-adapter, for the HPA) cannot carry a colon in a name.

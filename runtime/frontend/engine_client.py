@@ -95,6 +95,9 @@ class EngineClient:
         self._pending: dict[str, asyncio.Future] = {}  # adds the engine has not answered yet
         self._loop: asyncio.AbstractEventLoop | None = None
         self.dead_reason: str | None = None
+        self._cache_config = {"block_size": engine_args.block_size,
+                              "enable_prefix_caching": engine_args.enable_prefix_caching,
+                              "cache_dtype": "auto"}
 
     @property
     def metrics(self):
@@ -117,6 +120,12 @@ class EngineClient:
     @property
     def is_alive(self) -> bool:
         return self.dead_reason is None and self._running()
+
+    def cache_config_info(self) -> dict:
+        """The labels of vllm:cache_config_info; num_gpu_blocks once the engine has planned memory."""
+        plan = getattr(self, "memory_plan", None)
+        blocks = getattr(plan, "num_kv_blocks", None)
+        return {**self._cache_config, "num_gpu_blocks": blocks if blocks is not None else ""}
 
     def stats(self) -> dict:
         """Latest EngineStats as a dict; requests not yet taken by the engine count as waiting."""

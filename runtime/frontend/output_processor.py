@@ -186,7 +186,10 @@ class OutputProcessor:
         self._with_stop_strings.discard(state.request_id)
         state.metrics.finished_time = now
         if self.metrics is not None:
-            self.metrics.on_finish(_finish_reason(state), now - state.metrics.arrival_time)
+            m = state.metrics
+            self.metrics.on_finish(_finish_reason(state), now - m.arrival_time, len(state.prompt_token_ids),
+                                   sum(len(c.token_ids) for c in state.completions), _first_scheduled(state),
+                                   m.first_token_time, m.last_token_time, now)
         return self._make_output(state, True)
 
     def _make_output(self, state: RequestState, finished: bool) -> RequestOutput:

@@ -58,7 +58,7 @@ reply = client.chat.completions.create(model="{model_name}", max_tokens=64, temp
 print(reply.choices[0].message.content)
 EOF
 
-Metrics: curl -s {base}/metrics | grep '^pagoda:'   Stop: Ctrl-C
+Metrics: curl -s {base}/metrics | grep -E '^(vllm|pagoda):'   Stop: Ctrl-C
 """.strip("\n")
 
 

@@ -24,8 +24,8 @@ def pagoda_server(tmp_path):
 
 
 def _counter(metrics_text: str, name: str) -> float:
-    match = re.search(rf"^pagoda:{name}_total{{[^}}]*}} ([0-9.e+]+)$", metrics_text, re.M)
-    assert match, f"pagoda:{name}_total missing from /metrics"
+    match = re.search(rf"^vllm:{name}_total{{[^}}]*}} ([0-9.e+]+)$", metrics_text, re.M)
+    assert match, f"vllm:{name}_total missing from /metrics"
     return float(match.group(1))
 
 

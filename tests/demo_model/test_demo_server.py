@@ -65,7 +65,7 @@ def prefix_cache_hits(base_url: str, model_name: str) -> float:
     return sum(
         sample.value
         for family in families
-        if family.name == "pagoda:prefix_cache_hits"
+        if family.name == "vllm:prefix_cache_hits"
         for sample in family.samples
         if sample.name.endswith("_total") and sample.labels.get("model_name") == model_name
     )

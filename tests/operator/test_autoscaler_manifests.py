@@ -84,7 +84,7 @@ def test_hpa_is_valid_autoscaling_v2(target, quantity):
         {
             "type": "Pods",
             "pods": {
-                "metric": {"name": "pagoda_num_requests_waiting"},
+                "metric": {"name": "vllm_num_requests_waiting"},
                 "target": {"type": "AverageValue", "averageValue": quantity},
             },
         }
@@ -135,7 +135,7 @@ def test_keda_scaled_object_matches_keda_crd_schema(monkeypatch):
             "metricType": "AverageValue",
             "metadata": {
                 "serverAddress": "http://prometheus.monitoring:9090",
-                "query": 'sum(pagoda:num_requests_waiting{namespace="serving",model_name="llama-8b"})',
+                "query": 'sum(vllm:num_requests_waiting{namespace="serving",model_name="llama-8b"})',
                 "threshold": "3",
             },
         }
@@ -196,6 +196,6 @@ def test_keda_query_parses_and_selects_this_namespace_and_model(name):
     body["spec"]["model"]["name"] = name
     (scaled,) = build_autoscaler(body)
     expr = promql_parser.parse(scaled["spec"]["triggers"][0]["metadata"]["query"])
-    assert isinstance(expr, promql_parser.AggregateExpr) and expr.expr.name == "pagoda:num_requests_waiting"
+    assert isinstance(expr, promql_parser.AggregateExpr) and expr.expr.name == "vllm:num_requests_waiting"
     matchers = {m.name: m.value for m in expr.expr.matchers.matchers}
     assert matchers == {"namespace": "serving", "model_name": name}

@@ -89,7 +89,7 @@ def test_keda_at_min_zero_activates_on_the_routers_queue():
     jsonschema.validate(scaled, schema, cls=jsonschema.Draft7Validator)
     assert scaled["spec"]["minReplicaCount"] == 0
     pods, router = scaled["spec"]["triggers"]
-    assert pods["metadata"]["query"].startswith("sum(pagoda:num_requests_waiting")
+    assert pods["metadata"]["query"].startswith("sum(vllm:num_requests_waiting")
     assert router["metadata"] == {
         "serverAddress": pods["metadata"]["serverAddress"],
         "query": '(sum(pagoda_router_queue_depth{model_server="team-a/coder"}) or vector(0))'

@@ -10,11 +10,11 @@ LONG = {"prompt": "def main(argv=None):", "max_tokens": 900, "temperature": 0, "
 
 
 def _busy(replica) -> tuple[float, float]:
-    return metric(replica.url, "pagoda:num_requests_running"), metric(replica.url, "pagoda:kv_cache_usage_perc")
+    return metric(replica.url, "vllm:num_requests_running"), metric(replica.url, "vllm:kv_cache_usage_perc")
 
 
 def _aborts(replica) -> float:
-    return metric(replica.url, "pagoda:request_success", finished_reason="abort")
+    return metric(replica.url, "vllm:request_success", finished_reason="abort")
 
 
 def _idle(replica):

@@ -34,7 +34,7 @@ def test_held_request_is_released_when_a_replica_comes_up(demo_model, tmp_path):
             reply = held.result(timeout=120)
             assert reply.model == "late" and reply.choices[0].finish_reason == "length"
             assert reply.usage.completion_tokens == 6
-            assert metric(replica.url, "pagoda:generation_tokens") == 6
+            assert metric(replica.url, "vllm:generation_tokens") == 6
         assert metric(router.url, "pagoda_router_queue_depth", model="late") == 0
         assert metric(router.url, "pagoda_router_hold_timeouts", model="late") == 0
 

@@ -13,7 +13,7 @@ def _client(router) -> openai.OpenAI:
 
 
 def _served(replica) -> float:
-    return metric(replica.url, "pagoda:prompt_tokens")
+    return metric(replica.url, "vllm:prompt_tokens")
 
 
 @pytest.mark.parametrize("model,replica,served_as", [("alpha", "alpha", "alpha"), ("beta", "beta", "beta"),

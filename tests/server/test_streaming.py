@@ -164,7 +164,7 @@ def _abort_count(server) -> float:
 
     text = httpx.get(server.base_url + "/metrics").text
     for fam in text_string_to_metric_families(text):
-        if fam.name == "pagoda:request_success":
+        if fam.name == "vllm:request_success":
             return sum(s.value for s in fam.samples
                        if s.name.endswith("_total") and s.labels.get("finished_reason") == "abort")
     return 0.0

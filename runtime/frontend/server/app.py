@@ -92,7 +92,7 @@ async def _send_error(send, err: APIError) -> None:
 
 def build_app(client: EngineClient, config: ServerConfig, metrics: ServerMetrics | None = None) -> FastAPI:
     if metrics is None:
-        metrics = ServerMetrics(config.served_model_names[0], client.stats)
+        metrics = ServerMetrics(config.served_model_names[0], client.stats, cache_config=client.cache_config_info)
     client.metrics = metrics
     client.max_queue_len = config.max_queue_len
     completions = ServingCompletion(client, config)
