@@ -113,17 +113,21 @@ class Scheduler:
             # is one, so none waits more than one step longer, and half the steps still overlap.
             return None
         nxt = SchedulerOutput(ahead=True)
+        scheduled, max_len, finished = nxt.scheduled, self.max_model_len, RequestStatus.FINISHED_STOPPED
+        # Once per running request per step: Request's properties are inlined here.
         for item in current.scheduled:
             r = item.request
-            if r.is_finished:
+            if r.status >= finished:
                 continue  # stopped or aborted since `current` was scheduled
-            if item.num_tokens != 1 or r.num_computed_tokens + 1 != r.num_tokens:
+            num_output = len(r.output_token_ids)
+            num_tokens = len(r.prompt_token_ids) + num_output
+            if item.num_tokens != 1 or r.num_computed_tokens + 1 != num_tokens:
                 return None
             if r.sampling_params.needs_history:
                 return None
-            if self._reaches_length(r, pending=1):
-                continue  # `current` gives its last token
-            nxt.scheduled.append(ScheduledRequest(r, 1))
+            if num_output + 1 >= r.max_tokens or num_tokens + 1 >= max_len:
+                continue  # `current` gives its last token (_reaches_length with one pending)
+            scheduled.append(ScheduledRequest(r, 1))
         if not nxt.scheduled:
             return None
         # Room for the in-flight token and the next one, for all or none: a partial allocation
@@ -188,11 +192,12 @@ class Scheduler:
         Returns the requests that produced a token this step; finished ones are already freed.
         """
         updated = []
+        ahead, finished = out.ahead, RequestStatus.FINISHED_STOPPED
         for item in out.scheduled:
             request = item.request
-            if out.ahead:
+            if ahead:
                 request.num_in_flight_tokens -= 1
-            if request.is_finished:
+            if request.status >= finished:
                 continue  # stopped or aborted after this step was scheduled ahead: drop its row
             request.num_computed_tokens += item.num_tokens
             token = sampled.get(request.request_id)
@@ -206,7 +211,8 @@ class Scheduler:
 
     def _check_stop(self, request: Request) -> bool:
         params = request.sampling_params
-        if request.num_output_tokens >= params.min_tokens:
+        num_output = len(request.output_token_ids)
+        if num_output >= params.min_tokens:
             last = request.output_token_ids[-1]
             if not params.ignore_eos and last == request.eos_token_id:
                 request.status = RequestStatus.FINISHED_STOPPED
@@ -215,8 +221,8 @@ class Scheduler:
                 request.status = RequestStatus.FINISHED_STOPPED
                 request.stop_reason = last
                 return True
-        if self._reaches_length(request):
-            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        if num_output >= request.max_tokens or len(request.prompt_token_ids) + num_output >= self.max_model_len:
+            request.status = RequestStatus.FINISHED_LENGTH_CAPPED  # _reaches_length, inlined (hot)
             return True
         return False
 
