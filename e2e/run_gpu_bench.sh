@@ -10,6 +10,9 @@
 #       served/offline ratio against $W1_RESULT, else the newest W1-pagoda JSON in OUT_DIR, else
 #       in e2e/results
 #   w4  W4 offline throughput on the 0.5B model, plus the GPU-busy share from the profiler
+#   w1json  W1 with a JSON schema on every request (e2e/w1_json_schema.json, structured outputs), and
+#       the same W1 without it, both on w1-bpe (the W1 model with a byte-level BPE tokenizer that can
+#       spell JSON): W1-bpe-pagoda and W1-json-pagoda, whose ratio_to_plain is the cost of the masks
 # Each stage fits in a 10-minute command on an H200, so stages can also run one call at a time.
 #
 # Environment: PYTHON (default: python), HF_NUM_PROMPTS (W1 peer request count, default 128: the peer
@@ -37,12 +40,13 @@ mkdir -p "$OUT"
 
 W1_ARGS=() HF_ARGS=(--hf-batch-size 64 --num-prompts "$HF_NUM_PROMPTS") W2_ARGS=() W3_ARGS=() W4_ARGS=(--gpu-busy 256)
 W3_MODEL=w1
+W1JSON_MODEL=w1-bpe
 if [ "${SMOKE:-0}" = 1 ]; then
     W1_ARGS=(--model tiny --num-prompts 4 --output-len 8 --warmup-prompts 2 --warmup-tokens 2)
     HF_ARGS=("${W1_ARGS[@]}" --hf-batch-size 2)
     W2_ARGS=(--model tiny --output-len 8 --warmup-iters 1 --iters 2)
     W3_ARGS=(--input-len 16:32 --output-len 4:8)
-    W3_RATES="4 inf" W3_NUM_PROMPTS=4 W3_MODEL=tiny
+    W3_RATES="4 inf" W3_NUM_PROMPTS=4 W3_MODEL=tiny W1JSON_MODEL=tiny-bpe
     W4_ARGS=("${W1_ARGS[@]}")
 fi
 
@@ -91,6 +95,14 @@ stage_w3() {
     fi
     rm -f "$log"
     return "$rc"
+}
+
+stage_w1json() {
+    # --model after W1_ARGS, which name the plain model under SMOKE=1.
+    "${PAGODA[@]}" bench throughput --workload W1 --backend pagoda "${W1_ARGS[@]}" --model "$W1JSON_MODEL" \
+        --label W1-bpe --out "$OUT"
+    "${PAGODA[@]}" bench throughput --workload W1 --backend pagoda "${W1_ARGS[@]}" --model "$W1JSON_MODEL" \
+        --json-schema e2e/w1_json_schema.json --plain-result "$(newest W1-bpe-pagoda)" --out "$OUT"
 }
 
 stage_w4() {

@@ -11,6 +11,7 @@ import importlib
 _EXPORTS = {
     "LLM": "pagoda.runtime.frontend.llm",
     "SamplingParams": "pagoda.runtime.sampling_params",
+    "StructuredOutputsParams": "pagoda.runtime.structured_outputs_params",
     "RequestOutput": "pagoda.runtime.frontend.outputs",
     "CompletionOutput": "pagoda.runtime.frontend.outputs",
 }

@@ -32,6 +32,9 @@ class EngineArgs:
     # Launch the next decode step before reading this one's tokens (vLLM's async scheduling).
     async_scheduling: bool = True
     max_logprobs: int = 20
+    # JSON outputs without free whitespace between tokens unless a request says otherwise (vLLM's
+    # structured_outputs_config.disable_any_whitespace): weak models can fill a JSON with spaces.
+    structured_outputs_disable_any_whitespace: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from pagoda.runtime.structured_outputs_params import StructuredOutputsParams
+
 # Below this, a temperature means greedy decoding (vLLM's threshold).
 SAMPLING_EPS = 1e-5
 
@@ -38,6 +40,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -90,6 +93,9 @@ class SamplingParams:
             raise bad("stop", "a list of non-empty strings")
         if any(t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "a list of token ids >= 0")
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs,
+                                                                  StructuredOutputsParams):
+            raise bad("structured_outputs", "a StructuredOutputsParams or None")
 
     @property
     def greedy(self) -> bool:

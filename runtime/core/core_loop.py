@@ -1,6 +1,7 @@
 """The engine core's loop, the same in a thread of the server and in the engine process.
 
-    frontend ── [AddCommand | AbortCommand | StopCommand, ...] ──> transport.receive()
+    frontend ── [AddCommand | AbortCommand | InitStructuredOutputsCommand | StopCommand, ...]
+                                                               ──> transport.receive()
                                                                      apply_commands, core.step()
     frontend <── ("step", acks, outputs, stats) ─────────────────── transport.send()
 
@@ -31,6 +32,11 @@ class AddCommand:
 @dataclass(slots=True)
 class AbortCommand:
     request_ids: list[str]  # core request ids (children)
+
+
+@dataclass(slots=True)
+class InitStructuredOutputsCommand:
+    tokenizer_info_json: str  # xgrammar's TokenizerInfo, sent once before the first grammar
 
 
 class StopCommand:
@@ -65,6 +71,8 @@ def apply_commands(core: EngineCore, commands: list) -> tuple[list[tuple[str, Ba
     for cmd in commands:
         if isinstance(cmd, StopCommand):
             stop = True
+        elif isinstance(cmd, InitStructuredOutputsCommand):
+            core.init_structured_outputs(cmd.tokenizer_info_json)
         elif isinstance(cmd, AddCommand):
             added = []
             try:

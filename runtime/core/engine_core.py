@@ -27,6 +27,7 @@ from pagoda.runtime.core.kv.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.outputs import EngineCoreOutput, EngineStats
 from pagoda.runtime.core.request import Request, RequestStatus
 from pagoda.runtime.core.scheduler import Scheduler
+from pagoda.runtime.core.structured_outputs import StructuredOutputManager
 from pagoda.runtime.engine_args import EngineArgs
 from pagoda.runtime.layers.parallel_state import kv_heads_per_rank
 from pagoda.runtime.memory import MemoryPlan, check_fits, plan_memory
@@ -86,6 +87,8 @@ class EngineCore:
         self._in_flight: tuple | None = None
         # Only a single-process runner can feed a step from the device ids of the one before.
         self.async_scheduling = args.async_scheduling and getattr(self.runner, "supports_ahead", False)
+        self.structured_outputs = StructuredOutputManager(self.model_config.vocab_size)
+        self.runner.sampler.structured_outputs = self.structured_outputs  # it fills the bitmasks
         self.prompt_tokens = 0
         self.generation_tokens = 0
         logger.info("memory plan: %s", self.memory_plan.to_dict())
@@ -132,15 +135,25 @@ class EngineCore:
 
     def shutdown(self) -> None:
         """Stop tensor-parallel worker processes, if any (also done when the engine is dropped)."""
+        self.structured_outputs.shutdown()
         shutdown = getattr(self.runner, "shutdown", None)
         if shutdown is not None:
             shutdown()
 
     # ---- requests -------------------------------------------------------------------------
 
+    def init_structured_outputs(self, tokenizer_info_json: str) -> None:
+        """xgrammar's view of the tokenizer, from the frontend (the core has no tokenizer)."""
+        self.structured_outputs.init(tokenizer_info_json)
+
     def add_request(self, request: EngineCoreRequest) -> None:
         if request.request_id in self.scheduler.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
+        params = request.sampling_params
+        grammar = None
+        if params.structured_outputs is not None:
+            stops = ([] if request.eos_token_id is None else [request.eos_token_id]) + params.stop_token_ids
+            grammar = self.structured_outputs.request_grammar(params.structured_outputs, stops)
         self.scheduler.add_request(Request(
             request_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids,
@@ -150,6 +163,7 @@ class EngineCore:
             block_size=self.args.block_size,
             parent_id=request.parent_id,
             index=request.index,
+            grammar=grammar,
         ))
 
     def abort_requests(self, request_ids: list[str]) -> None:
@@ -179,7 +193,10 @@ class EngineCore:
             if sched.is_empty():
                 if overlap is not None:
                     overlap()
-                return []
+                failed = self._failed_outputs()
+                if not failed:
+                    self._wait_for_grammars()
+                return failed
             pending = self.runner.launch(sched, self.kv_cache_manager)
         if overlap is not None and overlap_aborts:
             overlap()  # first, so that an abort keeps its request out of the step ahead
@@ -194,7 +211,21 @@ class EngineCore:
             overlap()
         result = pending.wait()
         updated = self.scheduler.update_from_output(sched, result.sampled)
-        return self._outputs(updated, result.logprobs, result.prompt_logprobs)
+        return self._outputs(updated, result.logprobs, result.prompt_logprobs) + self._failed_outputs()
+
+    def _failed_outputs(self) -> list[EngineCoreOutput]:
+        """Requests whose grammar did not compile: they end "abort", with no tokens."""
+        failed, self.scheduler.failed = self.scheduler.failed, []
+        for r in failed:
+            logger.error("request %s: its grammar did not compile: %s", r.request_id, r.grammar.error)
+        return [EngineCoreOutput(r.request_id, [], None, None, "abort", None, 0, None, 0) for r in failed]
+
+    def _wait_for_grammars(self) -> None:
+        """Nothing could be scheduled: if requests wait on grammars, sleep on their compiles (a
+        little, so commands are still drained) instead of spinning on empty steps."""
+        compiling = [r.grammar for r in self.scheduler.waiting if r.grammar is not None]
+        if compiling:
+            self.structured_outputs.wait_for_compiles(compiling, timeout=0.05)
 
     def _outputs(self, updated: list[Request], logprobs: dict, prompt_logprobs: dict) -> list[EngineCoreOutput]:
         outputs = []

@@ -9,6 +9,7 @@ import enum
 from dataclasses import dataclass, field
 
 from pagoda.runtime.core.kv.block_hash import BlockHash, hash_block_tokens
+from pagoda.runtime.core.structured_outputs import RequestGrammar
 from pagoda.runtime.sampling_params import SamplingParams
 
 
@@ -56,6 +57,7 @@ class Request:
     generator: int | None = None
     num_prompt_logprobs: int = 0  # prompt positions whose logprobs were already reported
     first_scheduled_time: float | None = None
+    grammar: RequestGrammar | None = None  # structured outputs: its compile, then its matcher
 
     def __post_init__(self) -> None:
         if not self.parent_id:

@@ -56,6 +56,8 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.first_child: dict[str, Request] = {}  # parent id -> child 0, for n > 1 sharing
         self.num_preemptions = 0
+        # Requests whose grammar failed to compile, finished while waiting: the core reports them.
+        self.failed: list[Request] = []
 
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
@@ -123,8 +125,8 @@ class Scheduler:
             num_tokens = len(r.prompt_token_ids) + num_output
             if item.num_tokens != 1 or r.num_computed_tokens + 1 != num_tokens:
                 return None
-            if r.sampling_params.needs_history:
-                return None
+            if r.sampling_params.needs_history or r.grammar is not None:
+                return None  # its sampling reads tokens on the host: the history, or the grammar
             if num_output + 1 >= r.max_tokens or num_tokens + 1 >= max_len:
                 continue  # `current` gives its last token (_reaches_length with one pending)
             scheduled.append(ScheduledRequest(r, 1))
@@ -143,6 +145,14 @@ class Scheduler:
         held_back: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if request.grammar is not None and not request.grammar.ready():
+                held_back.append(self.waiting.popleft())  # compiling: it takes no seat meanwhile
+                continue
+            if request.grammar is not None and request.grammar.error is not None:
+                self.waiting.popleft()
+                self.finish_request(request, RequestStatus.FINISHED_ABORTED)
+                self.failed.append(request)
+                continue
             source = self._sibling_source(request)
             if source is False:
                 held_back.append(self.waiting.popleft())
@@ -212,6 +222,7 @@ class Scheduler:
     def _check_stop(self, request: Request) -> bool:
         params = request.sampling_params
         num_output = len(request.output_token_ids)
+        grammar_done = request.grammar is not None and request.grammar.sync(request.output_token_ids)
         if num_output >= params.min_tokens:
             last = request.output_token_ids[-1]
             if not params.ignore_eos and last == request.eos_token_id:
@@ -221,6 +232,9 @@ class Scheduler:
                 request.status = RequestStatus.FINISHED_STOPPED
                 request.stop_reason = last
                 return True
+        if grammar_done:  # it accepted a stop token at the grammar's end (even with ignore_eos)
+            request.status = RequestStatus.FINISHED_STOPPED
+            return True
         if num_output >= request.max_tokens or len(request.prompt_token_ids) + num_output >= self.max_model_len:
             request.status = RequestStatus.FINISHED_LENGTH_CAPPED  # _reaches_length, inlined (hot)
             return True

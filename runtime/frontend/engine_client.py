@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Any
 
-from pagoda.runtime.core.core_loop import AbortCommand, AddCommand
+from pagoda.runtime.core.core_loop import AbortCommand, AddCommand, InitStructuredOutputsCommand
 from pagoda.runtime.frontend.output_processor import OutputProcessor
 from pagoda.runtime.frontend.processor import InputProcessor
 from pagoda.runtime.model_config import ModelConfig
@@ -88,7 +88,8 @@ class EngineClient:
         self.max_model_len: int = model_config.max_model_len
         self.vocab_size: int | None = model_config.vocab_size
         self.max_queue_len = max_queue_len
-        self.processor = InputProcessor(model_config, tokenizer, engine_args.max_logprobs)
+        self.processor = InputProcessor(model_config, tokenizer, engine_args.max_logprobs,
+                                        engine_args.structured_outputs_disable_any_whitespace)
         self.output_processor = OutputProcessor(tokenizer)
         self._streams: dict[str, RequestStream] = {}
         self._stats: dict = stats or {}
@@ -98,6 +99,7 @@ class EngineClient:
         self._cache_config = {"block_size": engine_args.block_size,
                               "enable_prefix_caching": engine_args.enable_prefix_caching,
                               "cache_dtype": "auto"}
+        self._grammars_init: asyncio.Future | None = None  # the TokenizerInfo sent to the core
 
     @property
     def metrics(self):
@@ -148,6 +150,8 @@ class EngineClient:
             raise ValueError(f"request id {request_id!r} is already in use")
         now = time.monotonic()
         requests = self.processor.process(request_id, prompt_token_ids, params, now)
+        if params.structured_outputs is not None:
+            await self._init_structured_outputs()
         future = self._loop.create_future()
         stream = RequestStream(request_id, self, params.output_kind)
         self.output_processor.add_request(request_id, prompt, prompt_token_ids, params, now)
@@ -165,6 +169,17 @@ class EngineClient:
                 self._send(AbortCommand([r.request_id for r in requests]))
             raise
         return stream
+
+    async def _init_structured_outputs(self) -> None:
+        """Send xgrammar's TokenizerInfo once, before the first grammar; it is built in a thread
+        (a 128k vocabulary takes a moment) while other requests go on."""
+        if self._grammars_init is None:
+            async def build_and_send() -> None:
+                info = await asyncio.to_thread(self.processor.grammars.tokenizer_info_json)
+                self._send(InitStructuredOutputsCommand(info))  # before any add that awaited it
+
+            self._grammars_init = asyncio.ensure_future(build_and_send())
+        await asyncio.shield(self._grammars_init)
 
     def abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:

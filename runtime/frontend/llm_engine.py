@@ -29,10 +29,12 @@ class LLMEngine:
         self.model_config = self.engine_core.model_config
         self.tokenizer = load_tokenizer(resolve_model_path(args.tokenizer or args.model, args.revision),
                                         args.chat_template)
-        self.processor = InputProcessor(self.model_config, self.tokenizer, args.max_logprobs)
+        self.processor = InputProcessor(self.model_config, self.tokenizer, args.max_logprobs,
+                                        args.structured_outputs_disable_any_whitespace)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._records: list[EngineCoreOutput] = []  # the last step's, processed during the next
         self._ready: list[RequestOutput] = []  # outputs due at the next step() (aborts)
+        self._grammars_ready = False  # the core has xgrammar's TokenizerInfo
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
@@ -68,6 +70,9 @@ class LLMEngine:
         if request_id in self.output_processor.states:
             raise ValueError(f"request id {request_id!r} is already in use")
         requests = self.processor.process(request_id, prompt_token_ids, params, arrival)
+        if params.structured_outputs is not None and not self._grammars_ready:
+            self.engine_core.init_structured_outputs(self.processor.grammars.tokenizer_info_json())
+            self._grammars_ready = True
         self.output_processor.add_request(request_id, prompt, prompt_token_ids, params, arrival)
         for request in requests:
             self.engine_core.add_request(request)

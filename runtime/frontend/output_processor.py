@@ -138,6 +138,10 @@ class OutputProcessor:
             c.first_scheduled_time, c.num_preemptions = o.first_scheduled_time, o.num_preemptions
             touched[state.request_id] = state
             if not o.new_token_ids:
+                if o.finish_reason is not None:  # ended before its first token (a grammar that failed)
+                    c.finish_reason = o.finish_reason
+                    del children[o.request_id]
+                    state.num_unfinished -= 1
                 continue
             new_tokens[state.request_id] = new_tokens.get(state.request_id, 0) + len(o.new_token_ids)
             c.token_ids.extend(o.new_token_ids)

@@ -8,7 +8,10 @@ becomes n children, "<id>#<index>", which the core schedules side by side.
 
 from __future__ import annotations
 
+import dataclasses
+
 from pagoda.runtime.core.engine_core import EngineCoreRequest
+from pagoda.runtime.frontend.structured_outputs import GrammarChecker
 from pagoda.runtime.model_config import ModelConfig
 from pagoda.runtime.sampling_params import SamplingParams
 
@@ -18,7 +21,8 @@ def child_ids(request_id: str, n: int) -> list[str]:
 
 
 class InputProcessor:
-    def __init__(self, model_config: ModelConfig, tokenizer, max_logprobs: int = 20):
+    def __init__(self, model_config: ModelConfig, tokenizer, max_logprobs: int = 20,
+                 disable_any_whitespace: bool = False):
         self.max_model_len = model_config.max_model_len
         self.vocab_size = model_config.vocab_size
         self.max_logprobs = max_logprobs
@@ -27,6 +31,8 @@ class InputProcessor:
             eos = model_config.eos_token_ids[0]
         self.eos_token_id = eos
         self.extra_eos_ids = [t for t in model_config.eos_token_ids if t != eos]
+        self.grammars = GrammarChecker(tokenizer, model_config.vocab_size)
+        self.disable_any_whitespace = disable_any_whitespace
 
     def process(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                 arrival_time: float) -> list[EngineCoreRequest]:
@@ -49,6 +55,11 @@ class InputProcessor:
                 f"{num_prompt + max_tokens} tokens, more than max_model_len={max_len}; "
                 "shorten the prompt or lower max_tokens"
             )
+        if params.structured_outputs is not None:
+            so = params.structured_outputs
+            self.grammars.check(so)
+            if self.disable_any_whitespace and not so.disable_any_whitespace and so.kind in ("json", "json_object"):
+                params = params.clone(structured_outputs=dataclasses.replace(so, disable_any_whitespace=True))
         if self.extra_eos_ids and not params.ignore_eos:
             params = params.clone(stop_token_ids=params.stop_token_ids + self.extra_eos_ids)
         prompt = list(prompt_token_ids)

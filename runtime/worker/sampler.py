@@ -1,7 +1,8 @@
 """Sampler: from the last position's logits to the next token of each request, vLLM's way.
 
-Order of operations: raw logprobs (before any processing, as vLLM reports them), min_tokens
-masking, penalties, then greedy argmax, or temperature, min-p, top-k, top-p and a draw by
+Order of operations: the grammar bitmask of structured-output rows (vLLM applies it before the
+sampler, so its logprobs see it too), raw logprobs (before any other processing, as vLLM reports
+them), min_tokens masking, penalties, then greedy argmax, or temperature, min-p, top-k, top-p and a draw by
 pagoda.kernels.ops.sample (Triton on the GPU). A draw is counter-based: each row's uniforms come
 from its own seed and its output-token count, so its tokens never depend on what else shares the
 batch, and the batch's parameters are host-side facts, so nothing waits on the GPU until the
@@ -72,6 +73,8 @@ class Sampler:
         self.vocab_size = vocab_size
         self.device = device
         self.rng = random.Random(seed)
+        self.structured_outputs = None  # the core's StructuredOutputManager, which fills bitmasks
+        self._bitmask: torch.Tensor | None = None
 
     def sample(
         self, logits: torch.Tensor, requests: list[Request], pending: int = 0
@@ -80,6 +83,9 @@ class Sampler:
         for: those are host lists), and each row's logprobs or None. pending: output tokens each
         request has in flight, not yet appended (1 for a step scheduled ahead)."""
         params = [r.sampling_params for r in requests]
+        grammar_rows = [i for i, r in enumerate(requests) if r.grammar is not None]
+        if grammar_rows:
+            self._apply_grammars(logits, requests, grammar_rows)
         logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         raw_logprobs = None
         if logprob_rows:
@@ -106,6 +112,37 @@ class Sampler:
             for i, tl in zip(logprob_rows, gathered):
                 logprobs[i] = tl
         return tokens, logprobs
+
+    def _apply_grammars(self, logits: torch.Tensor, requests: list[Request], rows: list[int]) -> None:
+        """Mask, in place and on the logits' device, every token the row's grammar forbids next.
+        The bitmask is filled on the host from the matchers (the forward pass is already queued
+        on the GPU meanwhile) and sent in one copy."""
+        import xgrammar as xgr
+
+        dev = logits.device
+        bitmask = self._bitmask_rows(len(rows), dev)
+        self.structured_outputs.fill_bitmask([requests[i].grammar for i in rows], bitmask)
+        if dev.type == "cuda":
+            bitmask = bitmask.to(dev, non_blocking=True)
+            backend = "auto"  # xgrammar's Triton kernel
+        else:
+            backend = "cpu" if logits.dtype == torch.float32 else "torch_native"
+        if len(rows) == logits.shape[0]:
+            xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=logits.shape[1], backend=backend)
+            return
+        index = index_on(dev, rows)
+        sub = logits[index]
+        xgr.apply_token_bitmask_inplace(sub, bitmask, vocab_size=logits.shape[1], backend=backend)
+        logits[index] = sub
+
+    def _bitmask_rows(self, n: int, device: torch.device) -> torch.Tensor:
+        """n rows of a host bitmask kept across steps (pinned for CUDA, so its copy is asynchronous).
+        Reusing it is safe: a step with grammars is never scheduled ahead, so the previous step's
+        copy finished before its sampled ids were read."""
+        if self._bitmask is None or self._bitmask.shape[0] < n:
+            width = -(-self.vocab_size // 32)
+            self._bitmask = torch.empty((max(n, 64), width), dtype=torch.int32, pin_memory=device.type == "cuda")
+        return self._bitmask[:n]
 
     @staticmethod
     def _stops_before_min_tokens(vocab: int, requests: list[Request], pending: int) -> tuple[list, list]:

@@ -23,14 +23,15 @@ class LiveServer:
     """uvicorn in a background thread; the engine steps in its own process (engine_mode="process")
     or in a thread of this one ("thread")."""
 
-    def __init__(self, model_dir, *, api_key=None, max_queue_len=None, engine_mode="thread", **engine_kwargs):
+    def __init__(self, model_dir, *, api_key=None, max_queue_len=None, engine_mode="thread", server_config=None,
+                 **engine_kwargs):
         engine_kwargs.setdefault("device", "cpu")
         self.model_dir = str(model_dir)
         self.engine_mode = engine_mode
         self.client = build_engine_client(EngineArgs(model=self.model_dir, **engine_kwargs), engine_mode,
                                           log_level="warning")
         config = ServerConfig([MODEL], self.model_dir, api_key=api_key, max_queue_len=max_queue_len,
-                              random_weights=has_random_weights(self.model_dir))
+                              random_weights=has_random_weights(self.model_dir), **(server_config or {}))
         self.app = build_app(self.client, config)
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"

@@ -55,6 +55,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-mode", default="process", choices=["process", "thread"],
                    help="run the engine's step loop in its own process, away from the HTTP server's GIL, or "
                         "in a thread of the server (starts faster; slower under load) (default: %(default)s)")
+    p.add_argument("--structured-outputs-config.disable_any_whitespace", "--structured-outputs-disable-any-whitespace",
+                   dest="structured_outputs_disable_any_whitespace", action="store_true",
+                   help="JSON structured outputs (response_format, structured_outputs.json) allow no free "
+                        "whitespace between tokens, unless a request asks for it (default: free whitespace)")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help='let tool_choice "auto" (the default with tools) read tool calls out of the text with '
+                        "--tool-call-parser")
+    p.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "mistral"],
+                   help="the model's tool-call format: hermes (Qwen2.5, Qwen3, Hermes), llama3_json (Llama 3.x), "
+                        "mistral")
+    p.add_argument("--reasoning-parser", default=None, choices=["deepseek_r1", "qwen3"],
+                   help="put the <think>...</think> part of answers in reasoning_content")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"],
                    help="log level for pagoda and uvicorn (default: info)")
     p.add_argument("--shutdown-timeout", type=float, default=None, metavar="SECONDS",
@@ -106,6 +118,7 @@ def engine_args_from(args):
         tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),  # namespaces built by hand (demo)
         served_model_name=(args.served_model_name or [None])[0],
         chat_template=read_chat_template(args.chat_template),
+        structured_outputs_disable_any_whitespace=getattr(args, "structured_outputs_disable_any_whitespace", False),
     )
 
 
@@ -142,6 +155,9 @@ def build_server(args):
         max_queue_len=args.max_queue_len,
         chat_template=engine_args.chat_template,
         random_weights=random_weights,
+        enable_auto_tool_choice=getattr(args, "enable_auto_tool_choice", False),
+        tool_call_parser=getattr(args, "tool_call_parser", None),
+        reasoning_parser=getattr(args, "reasoning_parser", None),
     )
     return build_app(client, config)
 

@@ -35,6 +35,40 @@ class StreamOptions(_Request):
     continuous_usage_stats: bool | None = False
 
 
+class JsonSchemaFormat(_Request):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, populate_by_name=True)
+
+    name: str = "response"
+    description: str | None = None
+    json_schema: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsRequest(_Request):
+    """vLLM's `structured_outputs` request field: exactly one of the first six."""
+
+    json_: str | dict[str, Any] | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
+
+
+# vLLM's pre-0.11 fields, now `structured_outputs`: refused, so a client never gets unconstrained text.
+LEGACY_GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                        "guided_decoding_backend", "guided_whitespace_pattern")
+
+
 class SamplingFields(_Request):
     """Fields that both endpoints share: OpenAI's, then vLLM's extras."""
 
@@ -59,6 +93,14 @@ class SamplingFields(_Request):
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    guided_decoding_backend: Any = None
+    guided_whitespace_pattern: Any = None
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -81,10 +123,24 @@ class TextContentPart(_Request):
     text: str
 
 
+class FunctionCall(_Request):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(_Request):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool turn: which call it answers
+    reasoning_content: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -94,8 +150,25 @@ class ChatMessage(_Request):
         return "".join(part.text for part in self.content)
 
 
-class ResponseFormat(_Request):
-    type: str
+class FunctionDefinition(_Request):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(_Request):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedToolChoiceFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"] = "function"
+    function: NamedToolChoiceFunction
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -104,9 +177,9 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=0, le=INT32_MAX)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = True
     # vLLM's chat extras.
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -160,9 +233,17 @@ class ChoiceLogprobs(BaseModel):
     content: list[TokenLogprob] | None = None
 
 
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: dict[str, str]  # name, arguments (JSON text)
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallOut] = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):

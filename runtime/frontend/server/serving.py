@@ -13,7 +13,13 @@ from starlette.responses import StreamingResponse
 from pagoda.runtime.frontend.engine_client import EngineClient, EngineDeadError, RequestStream
 from pagoda.runtime.frontend.server.errors import APIError, bad_request, error_body
 from pagoda.runtime.frontend.server.protocol import SamplingFields
+from pagoda.runtime.frontend.server.structured import (
+    check_grammar,
+    reject_legacy_fields,
+    structured_outputs_of,
+)
 from pagoda.runtime.sampling_params import RequestOutputKind, SamplingParams
+from pagoda.runtime.structured_outputs_params import StructuredOutputsParams
 
 
 @dataclass(slots=True)
@@ -25,6 +31,9 @@ class ServerConfig:
     chat_template: str | None = None  # a template string (a file is read by the CLI)
     random_weights: bool = False
     max_body_bytes: int = 32 << 20
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None  # hermes, llama3_json, mistral
+    reasoning_parser: str | None = None  # deepseek_r1, qwen3
 
 
 class OpenAIServing:
@@ -74,12 +83,20 @@ class OpenAIServing:
                 param="max_tokens", code="context_length_exceeded")
         return max_tokens
 
+    def check_grammar(self, params: StructuredOutputsParams, field: str) -> None:
+        check_grammar(self.client.processor.grammars, params, field)
+
     def sampling_params(self, req: SamplingFields, max_tokens: int, logprobs: int | None,
-                        prompt_logprobs: int | None = None, stream: bool = False) -> SamplingParams:
+                        prompt_logprobs: int | None = None, stream: bool = False,
+                        structured: StructuredOutputsParams | None = None) -> SamplingParams:
         """The request's SamplingParams. A stream reads DELTA outputs (each holds only the new
         text); an answer waits for the one FINAL_ONLY output."""
         if req.logit_bias:
             raise bad_request("logit_bias is not supported", param="logit_bias")
+        if structured is None:
+            structured = structured_outputs_of(req, self.client.processor.grammars)
+        else:
+            reject_legacy_fields(req)
         top_k = req.top_k if req.top_k is not None else -1
         if top_k > self.num_token_ids:
             top_k = -1  # keeping more tokens than the vocabulary holds is no truncation at all
@@ -104,6 +121,7 @@ class OpenAIServing:
                 prompt_logprobs=prompt_logprobs,
                 skip_special_tokens=req.skip_special_tokens,
                 output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+                structured_outputs=structured,
             )
         except (ValueError, TypeError) as exc:
             raise bad_request(str(exc)) from None

@@ -1,12 +1,16 @@
-"""/v1/chat/completions: messages through the tokenizer's chat template, answered or streamed."""
+"""/v1/chat/completions: messages (and tools) through the tokenizer's chat template, answered or
+streamed; tool calls and reasoning are read out of the text by chat_output's parsers."""
 
 from __future__ import annotations
 
+import json
 import time
 
 from fastapi import Request
 
 from pagoda.runtime.frontend.engine_client import EngineDeadError
+from pagoda.runtime.frontend.reasoning import ReasoningParser
+from pagoda.runtime.frontend.server.chat_output import MessageParser, StreamDiffer, tool_call_dicts
 from pagoda.runtime.frontend.server.errors import bad_request
 from pagoda.runtime.frontend.server.logprobs import ChoiceState, chat_logprobs
 from pagoda.runtime.frontend.server.protocol import (
@@ -23,39 +27,54 @@ from pagoda.runtime.frontend.server.protocol import (
     random_id,
 )
 from pagoda.runtime.frontend.server.serving import OpenAIServing, SSEResponse, sse, sse_error, sse_json
+from pagoda.runtime.frontend.server.tool_choice import forced_grammar, resolve_tool_choice
+from pagoda.runtime.frontend.tool_parsers import get_tool_parser
 
 
 class ServingChat(OpenAIServing):
+    def __init__(self, client, config):
+        super().__init__(client, config)
+        self.tool_parser = get_tool_parser(config.tool_call_parser) if config.tool_call_parser else None
+        self.reasoning_parser = ReasoningParser(config.reasoning_parser) if config.reasoning_parser else None
+
     async def create(self, req: ChatCompletionRequest, raw: Request):
         model = self.check_model(req.model)
-        if req.tools:
-            raise bad_request("tool calling is not supported", param="tools")
-        if req.response_format is not None and req.response_format.type != "text":
-            raise bad_request("only response_format type 'text' is supported", param="response_format")
-        prompt = self.render(req.messages, req.add_generation_prompt, req.continue_final_message)
+        choice = resolve_tool_choice(req, self.config.enable_auto_tool_choice and self.tool_parser is not None)
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        prompt = self.render(req.messages, req.add_generation_prompt, req.continue_final_message, tools)
         ids = list(self.tokenizer(prompt, add_special_tokens=False).input_ids)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = self.resolve_max_tokens(len(ids), requested, what="messages")
         num_top = req.top_logprobs or 0
         if req.top_logprobs and not req.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
-        params = self.sampling_params(req, max_tokens, num_top if req.logprobs else None, stream=bool(req.stream))
+        forced = forced_grammar(req, choice) if choice else None
+        if forced is not None:
+            self.check_grammar(forced, "tools")
+        params = self.sampling_params(req, max_tokens, num_top if req.logprobs else None, stream=bool(req.stream),
+                                      structured=forced)
+        # A grammar writes the whole answer, with no thinking in front of it: no reasoning to split off.
+        reasoning = self.reasoning_parser if params.structured_outputs is None else None
+        parser = MessageParser(reasoning, self.tool_parser if choice == "auto" else None,
+                               choice if forced is not None else None)
+        if parser.tools is not None and parser.tools.keep_special_tokens:
+            params = params.clone(skip_special_tokens=False)  # the parser reads its marker tokens
         request_id = random_id("chatcmpl")
         streams = await self.submit(request_id, [(prompt, ids)], params)
         if req.stream:
-            return SSEResponse(self._stream(request_id, model, req, streams[0]), streams)
+            return SSEResponse(self._stream(request_id, model, req, streams[0], parser), streams)
         (out,) = await self.wait_all(raw, streams)
-        return self._response(request_id, model, req, out)
+        return self._response(request_id, model, req, out, parser)
 
     def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
-               continue_final_message: bool = False) -> str:
-        conversation = [{"role": m.role, "content": m.text()} for m in messages]
+               continue_final_message: bool = False, tools: list[dict] | None = None) -> str:
+        conversation = [template_message(m) for m in messages]
         if continue_final_message and (add_generation_prompt or conversation[-1]["role"] != "assistant"):
             raise bad_request("continue_final_message needs a final assistant message and "
                               "add_generation_prompt false", param="continue_final_message")
         try:
             return self.tokenizer.apply_chat_template(
-                conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
+                conversation, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message, chat_template=self.config.chat_template)
         except Exception as exc:  # jinja errors, or a tokenizer without a template
             raise bad_request(f"could not apply the chat template: {exc}", param="messages") from None
@@ -66,23 +85,41 @@ class ServingChat(OpenAIServing):
         return ChoiceLogprobs(content=chat_logprobs(self.tokenizer, token_ids, logprobs or [],
                                                     req.top_logprobs or 0))
 
-    def _response(self, request_id, model, req, out) -> ChatCompletionResponse:
+    def _message(self, text: str, parser: MessageParser) -> AssistantMessage:
+        if not parser.active:
+            return AssistantMessage(content=text)
+        m = parser.parse(text, final=True)
+        return AssistantMessage(content=None if m.calls and not m.content else m.content,
+                                reasoning_content=m.reasoning, tool_calls=tool_call_dicts(m.calls))
+
+    @staticmethod
+    def _finish_reason(finish_reason: str | None, parser: MessageParser, has_calls: bool) -> str | None:
+        # OpenAI says "tool_calls" when the model chose to call; a named function ends "stop".
+        if finish_reason == "stop" and has_calls and (parser.tools is not None or parser.forced == "required"):
+            return "tool_calls"
+        return finish_reason
+
+    def _response(self, request_id, model, req, out, parser: MessageParser) -> ChatCompletionResponse:
         choices, completion_tokens = [], 0
         for c in sorted(out.outputs, key=lambda c: c.index):
             completion_tokens += len(c.token_ids)
-            choices.append(ChatChoice(index=c.index, message=AssistantMessage(content=c.text),
+            message = self._message(c.text, parser)
+            choices.append(ChatChoice(index=c.index, message=message,
                                       logprobs=self._logprobs(req, c.token_ids, c.logprobs),
-                                      finish_reason=c.finish_reason, stop_reason=c.stop_reason))
+                                      finish_reason=self._finish_reason(c.finish_reason, parser,
+                                                                        bool(message.tool_calls)),
+                                      stop_reason=c.stop_reason))
         prompt_tokens = len(out.prompt_token_ids)
         usage = UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                           total_tokens=prompt_tokens + completion_tokens)
         return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
 
-    async def _stream(self, request_id, model, req, stream):
+    async def _stream(self, request_id, model, req, stream, parser: MessageParser):
         """Each DELTA output holds only what is new; the frontend already held back what could
         still turn out to start a stop string."""
         created = int(time.time())
         states = [ChoiceState() for _ in range(req.n)]
+        differs = [StreamDiffer(parser) for _ in range(req.n)] if parser.active else None
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
         def chunk(choices, usage=None) -> str:
@@ -101,15 +138,22 @@ class ServingChat(OpenAIServing):
                     if state.done:
                         continue
                     finished = c.finish_reason is not None
-                    text = c.text
                     logprobs = self._logprobs(req, c.token_ids, c.logprobs or [])
                     state.num_tokens += len(c.token_ids)
-                    if not text and not finished and not (logprobs and logprobs.content):
+                    finish_reason = c.finish_reason
+                    if differs is None:
+                        delta = {"role": None, "content": c.text or None}
+                    else:
+                        differ = differs[c.index]
+                        delta = differ.delta(c.text, finished)
+                        finish_reason = self._finish_reason(finish_reason, parser, differ.sent_calls > 0)
+                    if not any(delta.get(k) for k in ("content", "reasoning_content", "tool_calls")) \
+                            and not finished and not (logprobs and logprobs.content):
                         continue
                     state.done = finished
-                    choices.append({"index": c.index, "delta": {"role": None, "content": text or None},
+                    choices.append({"index": c.index, "delta": delta,
                                     "logprobs": logprobs.model_dump() if logprobs else None,
-                                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+                                    "finish_reason": finish_reason, "stop_reason": c.stop_reason})
                 if choices:
                     # ChatCompletionChunk's JSON, built from dicts (see sse_json).
                     yield sse_json({"id": request_id, "object": "chat.completion.chunk", "created": created,
@@ -122,3 +166,25 @@ class ServingChat(OpenAIServing):
         except (EngineDeadError, ValueError) as exc:
             yield sse_error(exc)
         yield "data: [DONE]\n\n"
+
+
+def template_message(m: ChatMessage) -> dict:
+    """A message as chat templates read it: tool-call arguments as objects (as vLLM passes them)."""
+    message = {"role": m.role, "content": m.text()}
+    if m.name is not None:
+        message["name"] = m.name
+    if m.tool_call_id is not None:
+        message["tool_call_id"] = m.tool_call_id
+    if m.reasoning_content is not None:
+        message["reasoning_content"] = m.reasoning_content
+    if m.tool_calls:
+        calls = []
+        for call in m.tool_calls:
+            try:
+                arguments = json.loads(call.function.arguments)
+            except ValueError:
+                arguments = call.function.arguments
+            calls.append({"id": call.id, "type": "function",
+                          "function": {"name": call.function.name, "arguments": arguments}})
+        message["tool_calls"] = calls
+    return message

@@ -105,7 +105,9 @@ TINY: dict = {
     "torch_dtype": "float32",
 }
 
-MODEL_CONFIGS = {"w1": LLAMA_3_1_8B, "w4": QWEN2_5_0_5B, "tiny": TINY}
+# "-bpe": the same model with a made-up byte-level BPE tokenizer (bench/bpe_vocab.py), whose tokens
+# can spell JSON: W1-json (structured outputs) needs one; the word-level tokenizer cannot.
+MODEL_CONFIGS = {"w1": LLAMA_3_1_8B, "w4": QWEN2_5_0_5B, "tiny": TINY, "w1-bpe": LLAMA_3_1_8B, "tiny-bpe": TINY}
 
 # Special tokens of the synthetic tokenizers, at the ids the real checkpoints use.
 _SPECIAL_TOKENS = {
@@ -113,6 +115,7 @@ _SPECIAL_TOKENS = {
     "w4": {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>"},
     "tiny": {1: "<|bos|>", 2: "<|eos|>"},
 }
+_SPECIAL_TOKENS["w1-bpe"], _SPECIAL_TOKENS["tiny-bpe"] = _SPECIAL_TOKENS["w1"], _SPECIAL_TOKENS["tiny"]
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -199,16 +202,21 @@ def build_synthetic_tokenizer(name: str):
 
     config = MODEL_CONFIGS[name]
     special = _SPECIAL_TOKENS[name]
-    vocab = {special.get(i, f"t{i}"): i for i in range(config["vocab_size"])}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    if name.endswith("-bpe"):
+        from pagoda.runtime.tools.bench.bpe_vocab import build_bpe_tokenizer
+
+        tok, unk = build_bpe_tokenizer(config["vocab_size"], special), None
+    else:
+        vocab = {special.get(i, f"t{i}"): i for i in range(config["vocab_size"])}
+        tok, unk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0")), "t0"
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     eos_id = config["eos_token_id"]
     eos_id = eos_id[-1] if isinstance(eos_id, list) else eos_id
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=special[config["bos_token_id"]],
         eos_token=special[eos_id],
-        unk_token="t0",
+        unk_token=unk,
         additional_special_tokens=[t for i, t in special.items() if i not in (config["bos_token_id"], eos_id)],
         chat_template=CHAT_TEMPLATE,
         clean_up_tokenization_spaces=False,
@@ -235,7 +243,8 @@ def model_folder(name: str, path: str | Path | None = None) -> Path:
 
 
 def resolve_model(model: str) -> Path:
-    """`w1`/`w4`/`tiny` -> a synthetic folder in the cache; anything else is a checkpoint folder."""
+    """`w1`/`w4`/`tiny` (or `w1-bpe`, `tiny-bpe`) -> a synthetic folder in the cache; anything else is a
+    checkpoint folder."""
     if model.lower() in MODEL_CONFIGS:
         return model_folder(model)
     path = Path(model)
