@@ -98,6 +98,20 @@ def test_reasoning_then_tool_call():
     assert [(c.name, json.loads(c.arguments)) for c in m.calls] == [("get_weather", {"city": "Paris"})]
 
 
+def test_named_function_arguments_stream_as_written():
+    text = '{"city": "Paris", "unit": "celsius"}'
+    parser = MessageParser(forced="get_weather")
+    differ, deltas = StreamDiffer(parser), []
+    for i, ch in enumerate(text):
+        deltas += differ.delta(ch, final=i == len(text) - 1).get("tool_calls", [])
+    assert deltas[0]["function"]["name"] == "get_weather" and deltas[0]["id"]
+    assert len(deltas) == len(text)  # one argument fragment per chunk
+    assert "".join(d["function"]["arguments"] for d in deltas) == text
+    assert {d["index"] for d in deltas} == {0}
+    (call,) = parser.parse(text, final=True).calls
+    assert (call.name, call.arguments) == ("get_weather", text)
+
+
 def test_unknown_parsers_are_refused():
     with pytest.raises(ValueError, match="hermes"):
         get_tool_parser("nope")

@@ -5,14 +5,15 @@ The reasoning parser runs first (--reasoning-parser), then the tool-call parser 
 made the text a JSON list of {"name", "parameters"} ("required") or the function's arguments (a
 named function). A stream keeps one StreamDiffer per choice: each chunk re-reads the whole text
 and sends what the parsers newly answer (see tool_parsers: their answers only ever grow), so the
-streamed deltas add up to the non-streamed message.
+streamed deltas add up to the non-streamed message. A parsed call is sent once complete, except a
+named function's, whose arguments are the text itself and stream as they are written.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pagoda.runtime.frontend.reasoning import ReasoningParser
 from pagoda.runtime.frontend.tool_parsers import ParsedCall, ToolParser, call_from_json
@@ -46,7 +47,7 @@ class MessageParser:
             reasoning, text = r.reasoning, r.content
         calls: list[ParsedCall] = []
         if self.forced is not None:
-            calls = forced_calls(self.forced, text) if final else []
+            calls = forced_calls(self.forced, text, final)
             text = "" if calls or not final else text
         elif self.tools is not None:
             t = self.tools.parse(text, final)
@@ -55,14 +56,17 @@ class MessageParser:
         return ParsedMessage(reasoning, text if text.strip() else "", calls)
 
 
-def forced_calls(forced: str, text: str) -> list[ParsedCall]:
-    """The calls a forced tool choice's grammar wrote (none if it was cut short, e.g. by length)."""
+def forced_calls(forced: str, text: str, final: bool = True) -> list[ParsedCall]:
+    """The calls a forced tool choice's grammar wrote (none if it was cut short, e.g. by length).
+    A named function's arguments are the text itself, so they stream as it grows."""
+    if not final:
+        return [ParsedCall(forced, text)] if forced != "required" and text.strip() else []
     try:
         value = json.loads(text)
     except ValueError:
         return []
     if forced != "required":
-        return [ParsedCall(forced, json.dumps(value, ensure_ascii=False))]
+        return [ParsedCall(forced, text)]
     items = value if isinstance(value, list) else []
     return [c for c in map(call_from_json, items) if c is not None]
 
@@ -78,7 +82,11 @@ class StreamDiffer:
     text: str = ""
     sent_reasoning: int = 0
     sent_content: int = 0
-    sent_calls: int = 0
+    sent_arguments: list[int] = field(default_factory=list)  # per call, the arguments sent so far
+
+    @property
+    def sent_calls(self) -> int:
+        return len(self.sent_arguments)
 
     def delta(self, new_text: str, final: bool) -> dict:
         """The delta fields (reasoning_content, content, tool_calls) that new_text adds."""
@@ -92,7 +100,14 @@ class StreamDiffer:
         if len(m.content) > self.sent_content:
             delta["content"] = m.content[self.sent_content:]
             self.sent_content = len(m.content)
-        if len(m.calls) > self.sent_calls:
-            delta["tool_calls"] = tool_call_dicts(m.calls[self.sent_calls:], self.sent_calls)
-            self.sent_calls = len(m.calls)
+        calls = []
+        for i, call in enumerate(m.calls):
+            if i == len(self.sent_arguments):  # a new call: its id and name, and its arguments so far
+                calls += tool_call_dicts([call], i)
+                self.sent_arguments.append(len(call.arguments))
+            elif len(call.arguments) > self.sent_arguments[i]:  # arguments that grew (a named function)
+                calls.append({"index": i, "function": {"arguments": call.arguments[self.sent_arguments[i]:]}})
+                self.sent_arguments[i] = len(call.arguments)
+        if calls:
+            delta["tool_calls"] = calls
         return delta
