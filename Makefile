@@ -31,9 +31,12 @@ kube:
 	e2e/kube/build.sh
 
 # pytest exits 5 when it collects no tests; that is a broken suite, not a pass, so say so and fail.
+# The suite runs on one worker per core (at most 4), each test module whole on one worker, so module
+# fixtures are built once and a module's tests keep their order; the slowest tests are listed.
+PYTEST_FLAGS ?= -n auto --maxprocesses 4 --dist loadscope --durations 15
 test: $(STAMP) kube
 	$(VENV)/bin/ruff check .
-	TRITON_INTERPRET=1 $(VENV)/bin/pytest -q tests; rc=$$?; \
+	TRITON_INTERPRET=1 $(VENV)/bin/pytest -q $(PYTEST_FLAGS) tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
 demo: $(STAMP)

@@ -24,7 +24,7 @@ class LiveServer:
     or in a thread of this one ("thread")."""
 
     def __init__(self, model_dir, *, api_key=None, max_queue_len=None, engine_mode="thread", server_config=None,
-                 **engine_kwargs):
+                 limits=None, **engine_kwargs):
         engine_kwargs.setdefault("device", "cpu")
         self.model_dir = str(model_dir)
         self.engine_mode = engine_mode
@@ -32,7 +32,7 @@ class LiveServer:
                                           log_level="warning")
         config = ServerConfig([MODEL], self.model_dir, api_key=api_key, max_queue_len=max_queue_len,
                               random_weights=has_random_weights(self.model_dir), **(server_config or {}))
-        self.app = build_app(self.client, config)
+        self.app = build_app(self.client, config, limits=limits)
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port,

@@ -27,27 +27,7 @@ def oai(server):
     return openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0)
 
 
-@pytest.mark.parametrize("bad", [
-    {"temperature": -1.0},
-    {"top_p": 1.5},
-    {"n": 0},
-    {"logprobs": 21},
-    {"max_tokens": 0},
-    {"presence_penalty": 3.0},
-    {"min_tokens": 9, "max_tokens": 4},
-    {"stop": [""]},
-    {"prompt": []},
-    {"prompt": [1, 2, 100000]},
-    {"prompt": ""},
-    {"logit_bias": {"5": 1.0}},
-])
-def test_invalid_parameters_are_400(oai, bad):
-    kwargs = {"model": MODEL, "prompt": "hello", "max_tokens": 4, **bad}
-    extra = {k: kwargs.pop(k) for k in list(kwargs) if k in ("min_tokens",)}
-    with pytest.raises(openai.BadRequestError) as info:
-        oai.completions.create(**kwargs, extra_body=extra or None)
-    assert info.value.status_code == 400
-    assert info.value.body["message"]
+# Each bad sampling parameter: test_openapi.py::test_every_validation_error_names_its_field.
 
 
 def test_prompt_plus_max_tokens_over_max_model_len_gives_the_numbers(oai, server):

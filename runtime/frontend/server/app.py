@@ -6,22 +6,25 @@
 
 from __future__ import annotations
 
-import hmac
-import json
 import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.datastructures import Headers
 
 from pagoda.runtime.frontend.engine_client import EngineClient
-from pagoda.runtime.frontend.server.errors import APIError, bad_request, error_body, install_error_handlers
+from pagoda.runtime.frontend.server.api_keys import load_api_keys
+from pagoda.runtime.frontend.server.errors import bad_request, error_body, install_error_handlers
+from pagoda.runtime.frontend.server.guard import GuardMiddleware
+from pagoda.runtime.frontend.server.limits import RequestLimits
 from pagoda.runtime.frontend.server.metrics import ServerMetrics
+from pagoda.runtime.frontend.server.openapi import document_errors_as_served
 from pagoda.runtime.frontend.server.protocol import (
     ChatCompletionRequest,
+    ChatCompletionResponse,
     CompletionRequest,
+    CompletionResponse,
     DetokenizeRequest,
     DetokenizeResponse,
     ErrorResponse,
@@ -33,9 +36,12 @@ from pagoda.runtime.frontend.server.protocol import (
 from pagoda.runtime.frontend.server.serving import ClientDisconnected, ServerConfig
 from pagoda.runtime.frontend.server.serving_chat import ServingChat
 from pagoda.runtime.frontend.server.serving_completion import ServingCompletion
+from pagoda.runtime.frontend.server.unicode import UnicodeSafeRoute
 
 # Documented on every OpenAI route, so that the OpenAPI schema (and fuzzers reading it) know them.
 ERROR_RESPONSES = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 429, 503)}
+SSE = {"text/event-stream": {"schema": {"type": "string", "description": "with stream=true: server-sent "
+                                        "events of chunks, then `data: [DONE]`"}}}
 RANDOM_WEIGHTS_NOTE = ("This checkpoint has RANDOM weights: its output is meaningless text. It exists to "
                        "show the API working end to end.")
 
@@ -49,48 +55,10 @@ def _version() -> str:
         return "0.0.0"
 
 
-class GuardMiddleware:
-    """Pure ASGI (it must not buffer SSE): a body-size limit, and the API key on /v1 and tokenizer
-    routes. /health, /metrics and /version stay open for probes and scrapers."""
-
-    PROTECTED_EXACT = ("/tokenize", "/detokenize")
-
-    def __init__(self, app, api_key: str | None, max_body_bytes: int):
-        self.app = app
-        self.api_key = api_key.encode() if api_key else None
-        self.max_body_bytes = max_body_bytes
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
-            headers = Headers(scope=scope)
-            length = headers.get("content-length")
-            if length and length.isdigit() and int(length) > self.max_body_bytes:
-                return await _send_error(send, APIError(
-                    413, f"The request body is {length} bytes; the limit is {self.max_body_bytes}.",
-                    code="request_too_large"))
-            path = scope["path"]
-            if self.api_key is not None and scope["method"] != "OPTIONS" and (
-                    path.startswith("/v1/") or path == "/v1" or path in self.PROTECTED_EXACT):
-                auth = headers.get("authorization", "")
-                token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-                # compare_digest takes time independent of where the strings differ.
-                if not hmac.compare_digest(token.encode(), self.api_key):
-                    return await _send_error(send, APIError(
-                        401, "Incorrect or missing API key. Pass it as 'Authorization: Bearer <key>'.",
-                        code="invalid_api_key"))
-        await self.app(scope, receive, send)
-
-
-async def _send_error(send, err: APIError) -> None:
-    body = json.dumps(error_body(err.status, err.message, type=err.type, code=err.code)).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if err.status == 401:
-        headers.append((b"www-authenticate", b"Bearer"))
-    await send({"type": "http.response.start", "status": err.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-def build_app(client: EngineClient, config: ServerConfig, metrics: ServerMetrics | None = None) -> FastAPI:
+def build_app(client: EngineClient, config: ServerConfig, metrics: ServerMetrics | None = None,
+              limits: RequestLimits | None = None) -> FastAPI:
+    limits = limits or RequestLimits(max_body_bytes=config.max_body_bytes)
+    api_keys = load_api_keys(config.api_key)  # refuses an empty key before anything is served
     if metrics is None:
         metrics = ServerMetrics(config.served_model_names[0], client.stats, cache_config=client.cache_config_info)
     client.metrics = metrics
@@ -112,8 +80,11 @@ def build_app(client: EngineClient, config: ServerConfig, metrics: ServerMetrics
     app.state.client = client
     app.state.metrics = metrics
     app.state.config = config
+    app.state.limits = limits
+    app.router.route_class = UnicodeSafeRoute
     install_error_handlers(app)
-    app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
+    document_errors_as_served(app)
+    app.add_middleware(GuardMiddleware, api_keys=api_keys, max_body_bytes=limits.max_body_bytes)
 
     @app.exception_handler(ClientDisconnected)
     async def _gone(_: Request, __: ClientDisconnected):
@@ -143,12 +114,15 @@ def build_app(client: EngineClient, config: ServerConfig, metrics: ServerMetrics
                       owned_by="pagoda (random weights)" if config.random_weights else "pagoda")
             for name in config.served_model_names])
 
-    @app.post("/v1/completions", responses=ERROR_RESPONSES)
+    @app.post("/v1/completions", responses={200: {"model": CompletionResponse, "content": SSE}, **ERROR_RESPONSES})
     async def create_completion(req: CompletionRequest, raw: Request):
+        limits.check(req)
         return await completions.create(req, raw)
 
-    @app.post("/v1/chat/completions", responses=ERROR_RESPONSES)
+    @app.post("/v1/chat/completions",
+              responses={200: {"model": ChatCompletionResponse, "content": SSE}, **ERROR_RESPONSES})
     async def create_chat_completion(req: ChatCompletionRequest, raw: Request):
+        limits.check(req)
         return await chat.create(req, raw)
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=ERROR_RESPONSES)

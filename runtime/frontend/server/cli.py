@@ -72,6 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shutdown-timeout", type=float, default=None, metavar="SECONDS",
                    help="on SIGTERM, wait at most this long for requests in flight (default: no limit); "
                         "the operator sets it to fit the pod's termination grace period")
+    from pagoda.runtime.frontend.server import limits
+
+    limits.add_arguments(p)
 
 
 def read_chat_template(value: str | None) -> str | None:
@@ -136,6 +139,7 @@ def log_memory_plan(plan) -> None:
 
 def build_server(args):
     """Load the engine (this takes a while: weights, memory profiling) and wrap it in the app."""
+    from pagoda.runtime.frontend.server import limits
     from pagoda.runtime.frontend.server.app import build_app
     from pagoda.runtime.frontend.server.serving import ServerConfig
 
@@ -151,7 +155,7 @@ def build_server(args):
     config = ServerConfig(
         served_model_names=args.served_model_name or [args.model],
         model_path=str(args.model),
-        api_key=args.api_key or None,
+        api_key=args.api_key,
         max_queue_len=args.max_queue_len,
         chat_template=engine_args.chat_template,
         random_weights=random_weights,
@@ -159,7 +163,7 @@ def build_server(args):
         tool_call_parser=getattr(args, "tool_call_parser", None),
         reasoning_parser=getattr(args, "reasoning_parser", None),
     )
-    return build_app(client, config)
+    return build_app(client, config, limits=limits.from_args(args))
 
 
 def build_engine_client(engine_args, engine_mode: str, log_level: str = "info"):
@@ -180,8 +184,14 @@ def run(args) -> int:
     import uvicorn
 
     from pagoda.runtime.frontend.process_engine import EngineStartError
+    from pagoda.runtime.frontend.server.api_keys import APIKeyError, load_api_keys
 
     configure_logging(args.log_level)
+    try:
+        load_api_keys(args.api_key)  # before the engine loads: a bad key fails in a second, not minutes
+    except APIKeyError as exc:
+        logger.error("cannot serve %s: %s", args.model, exc)
+        return 2
     try:
         app = build_server(args)
     except EngineStartError as exc:

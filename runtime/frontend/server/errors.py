@@ -13,6 +13,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.body_limit import MAX_BODY_SIZE_SCOPE_KEY
+
+from pagoda.runtime.frontend.server.unicode import INVALID_UNICODE
 
 logger = logging.getLogger("pagoda.server")
 
@@ -59,19 +62,37 @@ def error_response(err: APIError) -> JSONResponse:
     return JSONResponse(body, status_code=err.status, headers=headers)
 
 
-def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None, bool]:
-    """A one-line message, the offending field, and whether the body was not JSON at all."""
-    parts, param, malformed = [], None, False
-    for e in exc.errors()[:5]:
-        loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+def _field_path(loc) -> list[str]:
+    """The JSON path of an error: without FastAPI's leading "body", and without the names pydantic
+    gives the members of a union (`str`, `list[int]`, `function-after[...]`)."""
+    # A dict key may itself be the invalid text: escape it, or the error message could not be encoded.
+    return [str(x).encode("utf-8", "backslashreplace").decode() for x in loc
+            if x != "body" and (isinstance(x, int) or not _is_union_tag(str(x)))]
+
+
+def _is_union_tag(part: str) -> bool:
+    return "[" in part or part in ("str", "int", "float", "bool", "list", "dict", "none")
+
+
+def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None, str]:
+    """A one-line message, the offending field, and the error's code."""
+    errors = list(exc.errors())
+    # A union reports each member's error; the invalid-Unicode one is the one that says what is wrong.
+    specific = [e for e in errors if e.get("type") == INVALID_UNICODE]
+    errors = specific or errors
+    parts, param, code = [], None, INVALID_UNICODE if specific else "invalid_value"
+    for e in errors[:5]:
         if e.get("type") == "json_invalid":
-            malformed = True
-            parts.append(f"malformed JSON: {e.get('msg', '')}")
+            code = "invalid_json"
+            parts.append(f"malformed JSON: {e.get('ctx', {}).get('error') or e.get('msg', '')}")
             continue
-        where = ".".join(loc) or "body"
-        param = param or (loc[0] if loc else None)
+        path = _field_path(e.get("loc", ()))
+        # A model-level check has no location; it names its field in ctx.
+        field = path[0] if path else (e.get("ctx") or {}).get("param")
+        param = param or field
+        where = ".".join(path) or field or "body"
         parts.append(f"{where}: {e.get('msg', 'invalid value')}")
-    return "; ".join(parts) or "invalid request", param, malformed
+    return "; ".join(dict.fromkeys(parts)) or "invalid request", param, code
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -81,12 +102,15 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError):
-        message, param, malformed = _describe_validation(exc)
-        return error_response(APIError(400, message, param=param,
-                                       code="invalid_json" if malformed else "invalid_value"))
+        message, param, code = _describe_validation(exc)
+        return error_response(APIError(400, message, param=param, code=code))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException):
+    async def _http(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 413:  # starlette's body limit, counting a chunked body as it arrived
+            limit = request.scope.get(MAX_BODY_SIZE_SCOPE_KEY)
+            return error_response(APIError(413, f"The request body is over the limit of {limit} bytes.",
+                                           code="request_too_large"))
         return error_response(APIError(exc.status_code, str(exc.detail)))
 
     @app.exception_handler(Exception)

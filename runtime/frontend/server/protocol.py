@@ -2,7 +2,10 @@
 
 Pydantic checks types and plain ranges here, at the edge. Anything that reaches the engine must be
 safe for every other request in the batch: a NaN temperature or a token id past the vocabulary would
-fail a whole step, so those are refused here with a 400 instead of being passed on.
+fail a whole step, so those are refused here with a 400 instead of being passed on. The ranges are
+SamplingParams' own, declared here so that the error names its field and the OpenAPI schema states
+what the server takes. Every string that can reach the tokenizer is `Text`: valid Unicode only
+(server/unicode.py).
 """
 
 from __future__ import annotations
@@ -11,7 +14,10 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from pagoda.runtime.frontend.server.unicode import Text, check_unicode
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MAX = 2**31 - 1
@@ -19,6 +25,8 @@ MAX_LOGPROBS = 20  # OpenAI allows 20 top logprobs for chat; vLLM's default max_
 MAX_N = 128  # OpenAI's limit for `n`
 
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+StopString = Annotated[Text, Field(min_length=1)]
+JSONObject = Annotated[dict[str, Any], AfterValidator(check_unicode)]
 
 
 def random_id(prefix: str) -> str:
@@ -72,22 +80,22 @@ LEGACY_GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_
 class SamplingFields(_Request):
     """Fields that both endpoints share: OpenAI's, then vLLM's extras."""
 
-    model: str | None = None
+    model: Text | None = None
     n: int = Field(1, ge=1, le=MAX_N)
-    temperature: float | None = None
-    top_p: float | None = None
-    presence_penalty: float | None = 0.0
-    frequency_penalty: float | None = 0.0
+    temperature: float | None = Field(None, ge=0.0, description="0 means greedy.")
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    presence_penalty: float | None = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(0.0, ge=-2.0, le=2.0)
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
-    stop: str | list[str] | None = None
+    stop: StopString | list[StopString] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    logit_bias: dict[str, float] | None = None
-    user: str | None = None
+    logit_bias: dict[Text, float] | None = None
+    user: Text | None = None
     # vLLM's extra sampling fields.
     top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
-    min_p: float | None = None
-    repetition_penalty: float | None = None
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0**31)
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0, le=INT32_MAX)
     stop_token_ids: list[TokenId] | None = None
@@ -102,6 +110,20 @@ class SamplingFields(_Request):
     guided_decoding_backend: Any = None
     guided_whitespace_pattern: Any = None
 
+    def _max_tokens(self) -> int | None:
+        return getattr(self, "max_tokens", None)
+
+    @model_validator(mode="after")
+    def _min_tokens_within_max_tokens(self):
+        max_tokens = self._max_tokens()
+        if max_tokens is not None and self.min_tokens > max_tokens:
+            # The ctx's param names the field: a model-level error has no location of its own.
+            raise PydanticCustomError("min_tokens_over_max_tokens",
+                                      "min_tokens ({min_tokens}) must not exceed max_tokens ({max_tokens})",
+                                      {"min_tokens": self.min_tokens, "max_tokens": max_tokens,
+                                       "param": "min_tokens"})
+        return self
+
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []
@@ -109,23 +131,23 @@ class SamplingFields(_Request):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
-    max_tokens: int | None = Field(16, ge=0, le=INT32_MAX)
+    prompt: Text | list[Text] | list[TokenId] | list[list[TokenId]]
+    max_tokens: int | None = Field(16, ge=1, le=INT32_MAX)
     echo: bool | None = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     best_of: int | None = Field(None, ge=1, le=MAX_N)
-    suffix: str | None = None
+    suffix: Text | None = None
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
 
 class TextContentPart(_Request):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class FunctionCall(_Request):
-    name: str
-    arguments: str  # JSON text
+    name: Text
+    arguments: Text  # JSON text
 
 
 class ToolCall(_Request):
@@ -136,11 +158,11 @@ class ToolCall(_Request):
 
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextContentPart] | None = None
-    name: str | None = None
+    content: Text | list[TextContentPart] | None = None
+    name: Text | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant turn that called tools
-    tool_call_id: str | None = None  # a tool turn: which call it answers
-    reasoning_content: str | None = None
+    tool_call_id: Text | None = None  # a tool turn: which call it answers
+    reasoning_content: Text | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -152,8 +174,8 @@ class ChatMessage(_Request):
 
 class FunctionDefinition(_Request):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
+    description: Text | None = None
+    parameters: JSONObject | None = None
     strict: bool | None = None
 
 
@@ -163,7 +185,7 @@ class ChatTool(_Request):
 
 
 class NamedToolChoiceFunction(_Request):
-    name: str
+    name: Text
 
 
 class NamedToolChoice(_Request):
@@ -173,8 +195,8 @@ class NamedToolChoice(_Request):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=0, le=INT32_MAX, description="Deprecated by OpenAI.")
-    max_completion_tokens: int | None = Field(None, ge=0, le=INT32_MAX)
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="Deprecated by OpenAI.")
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[ChatTool] | None = None
@@ -183,6 +205,9 @@ class ChatCompletionRequest(SamplingFields):
     # vLLM's chat extras.
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+
+    def _max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
 # ---- responses -----------------------------------------------------------------------------------
@@ -304,8 +329,8 @@ class ModelList(BaseModel):
 
 
 class TokenizeRequest(_Request):
-    model: str | None = None
-    prompt: str | None = None
+    model: Text | None = None
+    prompt: Text | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
@@ -318,7 +343,7 @@ class TokenizeResponse(BaseModel):
 
 
 class DetokenizeRequest(_Request):
-    model: str | None = None
+    model: Text | None = None
     tokens: list[TokenId]
 
 
