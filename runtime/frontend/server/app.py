@@ -33,8 +33,9 @@ from pagoda.runtime.frontend.server.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from pagoda.runtime.frontend.server.renderer import PromptRenderer
 from pagoda.runtime.frontend.server.serving import ClientDisconnected, ServerConfig
-from pagoda.runtime.frontend.server.serving_chat import ServingChat
+from pagoda.runtime.frontend.server.serving_chat import ServingChat, template_message
 from pagoda.runtime.frontend.server.serving_completion import ServingCompletion
 from pagoda.runtime.frontend.server.unicode import UnicodeSafeRoute
 
@@ -63,9 +64,9 @@ def build_app(client: EngineClient, config: ServerConfig, metrics: ServerMetrics
         metrics = ServerMetrics(config.served_model_names[0], client.stats, cache_config=client.cache_config_info)
     client.metrics = metrics
     client.max_queue_len = config.max_queue_len
-    completions = ServingCompletion(client, config)
-    chat = ServingChat(client, config)
-    tokenizer = client.tokenizer
+    renderer = PromptRenderer(client.tokenizer, client.max_model_len, config.chat_template)
+    completions = ServingCompletion(client, config, renderer)
+    chat = ServingChat(client, config, renderer)
     started = int(time.time())
 
     @asynccontextmanager
@@ -74,6 +75,7 @@ def build_app(client: EngineClient, config: ServerConfig, metrics: ServerMetrics
             client.start()
         yield
         await client.shutdown()
+        renderer.close()
 
     app = FastAPI(title="Pagoda", version=_version(), lifespan=lifespan,
                   description="OpenAI-compatible API of the Pagoda runtime.")
@@ -81,6 +83,7 @@ def build_app(client: EngineClient, config: ServerConfig, metrics: ServerMetrics
     app.state.metrics = metrics
     app.state.config = config
     app.state.limits = limits
+    app.state.renderer = renderer
     app.router.route_class = UnicodeSafeRoute
     install_error_handlers(app)
     document_errors_as_served(app)
@@ -133,16 +136,16 @@ def build_app(client: EngineClient, config: ServerConfig, metrics: ServerMetrics
         if req.messages is not None:
             if not req.messages:
                 raise bad_request("messages must not be empty", param="messages")
-            text = chat.render(req.messages, req.add_generation_prompt)
-            ids = tokenizer(text, add_special_tokens=False).input_ids
+            _, ids = await renderer.encode_chat([template_message(m) for m in req.messages],
+                                               req.add_generation_prompt)
         else:
-            ids = tokenizer(req.prompt, add_special_tokens=req.add_special_tokens).input_ids
+            ids = await renderer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
         return TokenizeResponse(tokens=list(ids), count=len(ids), max_model_len=client.max_model_len)
 
     @app.post("/detokenize", response_model=DetokenizeResponse, responses=ERROR_RESPONSES)
     async def detokenize(req: DetokenizeRequest):
         chat.check_model(req.model)
         chat.check_token_ids(req.tokens, param="tokens")
-        return DetokenizeResponse(prompt=tokenizer.decode(req.tokens))
+        return DetokenizeResponse(prompt=await renderer.decode(req.tokens))
 
     return app

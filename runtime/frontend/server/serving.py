@@ -13,6 +13,7 @@ from starlette.responses import StreamingResponse
 from pagoda.runtime.frontend.engine_client import EngineClient, EngineDeadError, RequestStream
 from pagoda.runtime.frontend.server.errors import APIError, bad_request, error_body
 from pagoda.runtime.frontend.server.protocol import SamplingFields
+from pagoda.runtime.frontend.server.renderer import PromptRenderer
 from pagoda.runtime.frontend.server.structured import (
     check_grammar,
     reject_legacy_fields,
@@ -37,9 +38,10 @@ class ServerConfig:
 
 
 class OpenAIServing:
-    def __init__(self, client: EngineClient, config: ServerConfig):
+    def __init__(self, client: EngineClient, config: ServerConfig, renderer: PromptRenderer):
         self.client = client
         self.config = config
+        self.renderer = renderer  # chat templates and tokenizing, off the event loop
         self.tokenizer = client.tokenizer
         self.max_model_len = client.max_model_len
         vocab = client.vocab_size or len(self.tokenizer)
@@ -57,10 +59,9 @@ class OpenAIServing:
                        f"{', '.join(self.config.served_model_names)}.", param="model", code="model_not_found")
 
     def check_token_ids(self, ids: list[int], param: str = "prompt") -> None:
-        for t in ids:
-            if t >= self.num_token_ids:
-                raise bad_request(f"token id {t} is out of range: the vocabulary has {self.num_token_ids} "
-                                  f"tokens (ids 0..{self.num_token_ids - 1})", param=param)
+        if ids and (t := max(ids)) >= self.num_token_ids:  # max in C: a prompt may hold a million ids
+            raise bad_request(f"token id {t} is out of range: the vocabulary has {self.num_token_ids} "
+                              f"tokens (ids 0..{self.num_token_ids - 1})", param=param)
 
     def resolve_max_tokens(self, prompt_len: int, max_tokens: int | None, what: str = "prompt") -> int:
         """The max_tokens to use, or a 400 that gives the numbers."""

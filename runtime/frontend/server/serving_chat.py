@@ -32,8 +32,8 @@ from pagoda.runtime.frontend.tool_parsers import get_tool_parser
 
 
 class ServingChat(OpenAIServing):
-    def __init__(self, client, config):
-        super().__init__(client, config)
+    def __init__(self, client, config, renderer):
+        super().__init__(client, config, renderer)
         self.tool_parser = get_tool_parser(config.tool_call_parser) if config.tool_call_parser else None
         self.reasoning_parser = ReasoningParser(config.reasoning_parser) if config.reasoning_parser else None
 
@@ -41,8 +41,8 @@ class ServingChat(OpenAIServing):
         model = self.check_model(req.model)
         choice = resolve_tool_choice(req, self.config.enable_auto_tool_choice and self.tool_parser is not None)
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-        prompt = self.render(req.messages, req.add_generation_prompt, req.continue_final_message, tools)
-        ids = list(self.tokenizer(prompt, add_special_tokens=False).input_ids)
+        prompt, ids = await self.renderer.encode_chat([template_message(m) for m in req.messages],
+                                                      req.add_generation_prompt, req.continue_final_message, tools)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = self.resolve_max_tokens(len(ids), requested, what="messages")
         num_top = req.top_logprobs or 0
@@ -65,19 +65,6 @@ class ServingChat(OpenAIServing):
             return SSEResponse(self._stream(request_id, model, req, streams[0], parser), streams)
         (out,) = await self.wait_all(raw, streams)
         return self._response(request_id, model, req, out, parser)
-
-    def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
-               continue_final_message: bool = False, tools: list[dict] | None = None) -> str:
-        conversation = [template_message(m) for m in messages]
-        if continue_final_message and (add_generation_prompt or conversation[-1]["role"] != "assistant"):
-            raise bad_request("continue_final_message needs a final assistant message and "
-                              "add_generation_prompt false", param="continue_final_message")
-        try:
-            return self.tokenizer.apply_chat_template(
-                conversation, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message, chat_template=self.config.chat_template)
-        except Exception as exc:  # jinja errors, or a tokenizer without a template
-            raise bad_request(f"could not apply the chat template: {exc}", param="messages") from None
 
     def _logprobs(self, req, token_ids, logprobs) -> ChoiceLogprobs | None:
         if not req.logprobs:

@@ -33,7 +33,7 @@ class ServingCompletion(OpenAIServing):
             raise bad_request("suffix is not supported", param="suffix")
         if req.best_of is not None and req.best_of != req.n:
             raise bad_request("best_of must equal n (beam search is not supported)", param="best_of")
-        prompts = self._prompts(req.prompt)
+        prompts = await self._prompts(req.prompt)
         for _, ids in prompts:
             self.resolve_max_tokens(len(ids), req.max_tokens)
         prompt_logprobs = req.prompt_logprobs
@@ -47,22 +47,19 @@ class ServingCompletion(OpenAIServing):
         outputs = await self.wait_all(raw, streams)
         return self._response(request_id, model, req, prompts, outputs)
 
-    def _prompts(self, prompt) -> list[tuple[str | None, list[int]]]:
+    async def _prompts(self, prompt) -> list[tuple[str | None, list[int]]]:
         if isinstance(prompt, str):
-            return [(prompt, self._encode(prompt))]
+            return [(prompt, await self.renderer.encode(prompt))]
         if not prompt:
             raise bad_request("prompt must not be an empty list", param="prompt")
         if isinstance(prompt[0], int):
             self.check_token_ids(prompt)
             return [(None, list(prompt))]
         if isinstance(prompt[0], str):
-            return [(p, self._encode(p)) for p in prompt]
+            return list(zip(prompt, await self.renderer.encode_many(prompt), strict=True))
         for ids in prompt:
             self.check_token_ids(ids)
         return [(None, list(ids)) for ids in prompt]
-
-    def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=True).input_ids)
 
     def _prompt_text(self, prompt: tuple[str | None, list[int]]) -> str:
         return prompt[0] if prompt[0] is not None else self.tokenizer.decode(prompt[1])
