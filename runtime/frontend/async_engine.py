@@ -72,6 +72,7 @@ class AsyncEngine(EngineClient):
         self._thread.start()
 
     async def shutdown(self, timeout: float = 30.0) -> None:
+        self._stopping = True
         if self._thread is not None and self._thread.is_alive():
             self._transport.inbox.put(StopCommand())
             await asyncio.to_thread(self._thread.join, timeout)

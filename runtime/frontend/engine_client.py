@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pagoda.runtime.core.core_loop import AbortCommand, AddCommand, InitStructuredOutputsCommand
@@ -26,6 +27,11 @@ logger = logging.getLogger("pagoda.server")
 
 class EngineDeadError(RuntimeError):
     """The engine has stopped; no request can be served until the server restarts."""
+
+
+# A dead engine runs and queues nothing. Left at their last values, these gauges would read to an
+# autoscaler as a queue that never drains; the counters keep their totals (they never go down).
+DEAD_GAUGES = {"num_running": 0, "num_waiting": 0, "kv_cache_usage": 0.0, "kv_capacity_tokens": 0}
 
 
 class RequestStream:
@@ -100,6 +106,10 @@ class EngineClient:
                               "enable_prefix_caching": engine_args.enable_prefix_caching,
                               "cache_dtype": "auto"}
         self._grammars_init: asyncio.Future | None = None  # the TokenizerInfo sent to the core
+        self._stopping = False  # set by shutdown(): the engine's end is then no death
+        # Called once, on the event loop, with the reason, when the engine dies while serving;
+        # `pagoda serve` exits so that the pod restarts (server/cli.py).
+        self.on_engine_death: list[Callable[[str], None]] = []
 
     @property
     def metrics(self):
@@ -215,9 +225,15 @@ class EngineClient:
                     del streams[out.request_id]
 
     def _on_dead(self, reason: str) -> None:
-        if self.dead_reason is None:
+        first = self.dead_reason is None
+        if first:
             self.dead_reason = reason
+        self._stats = {**self._stats, **DEAD_GAUGES}
         self._fail_all(EngineDeadError(self.dead_reason))
+        if first and not self._stopping:
+            logger.error("the engine died: %s", reason)
+            for callback in self.on_engine_death:
+                callback(reason)
 
     def _fail_all(self, error: BaseException) -> None:
         for future in self._pending.values():

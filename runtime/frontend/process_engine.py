@@ -88,7 +88,6 @@ class ProcessEngine(EngineClient):
         self._conn = conn
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
-        self._stopping = False
 
     @classmethod
     def from_engine_args(cls, engine_args, log_level: str | None = None, **kwargs) -> ProcessEngine:

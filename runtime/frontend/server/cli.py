@@ -11,6 +11,8 @@ from pathlib import Path
 logger = logging.getLogger("pagoda.server")
 
 GIB = 1 << 30
+# How long in-flight responses get to deliver their engine error before the server exits.
+ENGINE_DEATH_GRACE_SECONDS = 2.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -197,6 +199,26 @@ def run(args) -> int:
     except EngineStartError as exc:
         logger.error("cannot serve %s: %s", args.model, exc)
         return 1
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_keep_alive=30,
-                timeout_graceful_shutdown=args.shutdown_timeout)
-    return 0
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           timeout_keep_alive=30, timeout_graceful_shutdown=args.shutdown_timeout))
+    died: list[str] = []
+
+    def exit_on_engine_death(reason: str) -> None:
+        # As vLLM does: a server without its engine can only answer 503, so it exits at once and
+        # Kubernetes restarts the pod, rather than waiting for a liveness probe to notice. Requests
+        # in flight have had their error already; the short grace only lets it reach them.
+        died.append(reason)
+        logger.error("exiting: the engine died (%s); the pod restarts", reason)
+        grace = args.shutdown_timeout
+        server.config.timeout_graceful_shutdown = ENGINE_DEATH_GRACE_SECONDS if grace is None \
+            else min(grace, ENGINE_DEATH_GRACE_SECONDS)
+        server.should_exit = True
+
+    app.state.client.on_engine_death.append(exit_on_engine_death)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on
+        pass
+    if died:
+        return 1
+    return 0 if server.started else 3  # uvicorn's own code for a server that never started
