@@ -132,7 +132,7 @@ def build_app(client: EngineClient, config: ServerConfig, metrics: ServerMetrics
     async def tokenize(req: TokenizeRequest):
         chat.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
-            raise bad_request("give exactly one of prompt or messages")
+            raise bad_request("give exactly one of prompt or messages", param="prompt")
         if req.messages is not None:
             if not req.messages:
                 raise bad_request("messages must not be empty", param="messages")
