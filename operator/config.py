@@ -17,6 +17,9 @@ class OperatorConfig:
     retry_base_seconds: float = 30.0
     retry_max_seconds: float = 1800.0
     cluster_domain: str = "svc"
+    # Every API call gives up after this long: the official client waits forever by default, and
+    # a half-open connection would hold a handler thread (and its ModelServer) for good.
+    api_timeout_seconds: float = 30.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
@@ -27,4 +30,5 @@ class OperatorConfig:
             retry_base_seconds=float(env.get("PAGODA_RETRY_BASE_SECONDS", 30)),
             retry_max_seconds=float(env.get("PAGODA_RETRY_MAX_SECONDS", 1800)),
             cluster_domain=env.get("PAGODA_CLUSTER_DOMAIN", "svc"),
+            api_timeout_seconds=float(env.get("PAGODA_API_TIMEOUT_SECONDS", 30)),
         )

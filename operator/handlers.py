@@ -46,7 +46,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     if getattr(memo, "config", None) is None:
         memo.config = OperatorConfig.from_env()
     if getattr(memo, "cluster", None) is None:
-        memo.cluster = Cluster.from_environment()
+        memo.cluster = Cluster.from_environment(timeout=memo.config.api_timeout_seconds)
 
 
 # API errors worth retrying soon: a conflict (someone wrote first; re-read and go again), throttling,

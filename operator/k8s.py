@@ -45,9 +45,10 @@ Action = Literal["created", "patched", "unchanged"]
 @dataclass(slots=True)
 class Cluster:
     api: Any  # kubernetes.client.ApiClient
+    timeout: float | None = 30.0  # seconds per API call (see OperatorConfig.api_timeout_seconds)
 
     @classmethod
-    def from_environment(cls) -> Cluster:
+    def from_environment(cls, timeout: float | None = 30.0) -> Cluster:
         """In-cluster service account first, then KUBECONFIG / ~/.kube/config."""
         configuration = kubernetes.client.Configuration()
         try:
@@ -56,7 +57,7 @@ class Cluster:
             # KUBECONFIG is read now, not when the client library was imported.
             path = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
             kubernetes.config.load_kube_config(config_file=path, client_configuration=configuration)
-        return cls(kubernetes.client.ApiClient(configuration))
+        return cls(kubernetes.client.ApiClient(configuration), timeout)
 
     # -- raw verbs -----------------------------------------------------------------------------
 
@@ -72,6 +73,7 @@ class Cluster:
     ) -> dict | None:
         """One API call; the client's typed models are skipped (`_preload_content=False`)."""
         kwargs["_preload_content"] = False
+        kwargs.setdefault("_request_timeout", self.timeout)
         rest = [a for a in (name, body) if a is not None]
         if kind in CUSTOM:
             group, version, plural = CUSTOM[kind]
@@ -117,12 +119,14 @@ class Cluster:
             group, version, plural = CUSTOM[kind]
             api = kubernetes.client.CustomObjectsApi(self.api)
             response = api.patch_namespaced_custom_object_scale(
-                group, version, namespace, plural, name, body, _content_type=MERGE_PATCH, _preload_content=False
+                group, version, namespace, plural, name, body, _content_type=MERGE_PATCH, _preload_content=False,
+                _request_timeout=self.timeout,
             )
         else:
             api = kubernetes.client.AppsV1Api(self.api)
             response = api.patch_namespaced_deployment_scale(
-                name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False
+                name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False,
+                _request_timeout=self.timeout,
             )
         return json.loads(response.read() or b"{}")
 

@@ -1,11 +1,14 @@
 """What a real cluster does to the operator: live edits of its objects, a Deployment the API server
-refuses, a ModelServer deleted while a pass is in flight, and restarts mid-reconcile. Each converges, with no duplicates and no leaks."""
+refuses, a ModelServer deleted while a pass is in flight, restarts mid-reconcile, and API errors
+from a proxy in front of the API server. Each converges, with no duplicates and no leaks."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
-from kube_cluster import service_account_kubeconfig, wait_for
+from fault_proxy import FaultProxy
+from kube_cluster import Operator, service_account_kubeconfig, wait_for
 
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.k8s import Cluster
@@ -111,3 +114,40 @@ def test_operator_killed_mid_reconcile_converges_without_duplicates(kube, operat
     for stage in stages:
         kube.kubectl("delete", "modelserver", f"kill-at-{stage}", "-n", ns, "--wait=true", "--timeout=120s")
     wait_for(lambda: not kube.items("job,deployment,service,pdb", ns), "no leaks")
+
+
+def test_api_errors_from_a_proxy_converge(kube, operator, tmp_path):
+    """Refused calls, conflicts, writes whose answer is lost and calls that hang past the operator's
+    API time-out: each ModelServer still ends Ready with its children once each and a status that
+    says so, and deletion leaves nothing behind."""
+    ns = kube.namespace("faults")
+    operator.stop()  # one operator at a time: this one talks through the proxy
+    proxy = FaultProxy(upstream=kube.server, ca_file=str(kube.dir / "pki" / "ca.crt")).start()
+    flaky = Operator(kubeconfig=service_account_kubeconfig(kube, server=proxy.url), log=tmp_path / "flaky.log",
+                     env={"PAGODA_API_TIMEOUT_SECONDS": "2"})  # fmt: skip
+    try:
+        flaky.start()
+        names = [f"flaky-{i}" for i in range(3)]
+        for name in names:
+            kube.apply(modelserver(name, ns, cache={"retainOnDelete": False}))
+        for name in names:
+            try:
+                ms = wait_for(ready(kube, name, ns), f"{name} Ready through the faults")
+                wait_for(lambda name=name: converged(kube, ns, name), f"{name}'s children, once each")
+            except AssertionError:
+                print(flaky.tail(), proxy.summary())
+                raise
+            types = [c["type"] for c in ms["status"]["conditions"]]
+            assert len(types) == len(set(types)), types
+            conditions = {c["type"]: (c["status"], c["reason"]) for c in ms["status"]["conditions"]}
+            assert conditions["Available"][0] == "True" and conditions["Progressing"] == ("False", "Complete")
+            assert ms["status"]["observedGeneration"] == ms["metadata"]["generation"]
+        assert proxy.kinds() == {"refused", "conflict", "lost", "hung"}, proxy.summary()
+        for name in names:
+            kube.kubectl("delete", "modelserver", name, "-n", ns, "--wait=true", "--timeout=120s")
+        wait_for(lambda: not kube.items("pvc,job,deployment,service,pdb", ns), "no leaks")
+    finally:
+        flaky.stop()
+        with contextlib.suppress(Exception):
+            proxy.stop()
+        operator.start()
