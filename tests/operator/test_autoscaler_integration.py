@@ -3,7 +3,7 @@
 load generator. The test plays the reconcile and the Deployment controller: it registers a Pod
 object (with the process's address as its pod IP) for each replica the ModelServer's spec.replicas
 asks for (the autoscaler's one write; the reconcile copies it into the Deployment, as
-tests/kube/test_kube_autoscaler.py shows on a real API server), and routes the load to those.
+tests/kube/test_kube_scaling.py shows on a real API server), and routes the load to those.
 
 What it checks (issue 8): replicas rise under a queue, in proportion (1 -> 3, not 1 -> 2 -> 3), hold
 while the queue lasts, do not fall while a replica stops answering, and fall back one step at a
