@@ -43,6 +43,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # kopf's default minute between checks.
     settings.background.instant_exit_timeout = 0.5
     settings.background.cancellation_polling = 1
+    # With --peering: a replica that dies without leaving is given up for dead after this long and a
+    # standby takes over (keep-alives go every 5 to 10 s; kopf's default is a minute).
+    settings.peering.lifetime = 15
     if getattr(memo, "config", None) is None:
         memo.config = OperatorConfig.from_env()
     if getattr(memo, "cluster", None) is None:

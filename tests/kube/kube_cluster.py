@@ -167,6 +167,7 @@ class Operator:
     kubeconfig: Path
     log: Path
     env: dict = field(default_factory=dict)
+    args: tuple[str, ...] = ()  # more `pagoda operator` flags
     process: subprocess.Popen | None = None
 
     def start(self) -> Operator:
@@ -181,7 +182,7 @@ class Operator:
         env.pop("KUBERNETES_SERVICE_HOST", None)
         handle = self.log.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "pagoda.runtime.cli", "operator", "--all-namespaces", "--verbose"],
+            [sys.executable, "-m", "pagoda.runtime.cli", "operator", "--all-namespaces", "--verbose", *self.args],
             env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT,
         )
         return self

@@ -39,6 +39,12 @@ def render(values: dict) -> list[dict]:
     ]
 
 
+def chart_crds() -> dict[str, dict]:
+    """The CRDs of the chart's crds/ folder (Helm installs them before the templates), by kind."""
+    docs = [d for path in sorted((CHART / "crds").glob("*.yaml")) for d in yaml.safe_load_all(path.read_text()) if d]
+    return {d["spec"]["names"]["kind"]: d for d in docs}
+
+
 def rules(docs: list[dict]) -> list[dict]:
     return [r for d in docs if d["kind"] in ("ClusterRole", "Role") for r in d["rules"]]
 
@@ -56,6 +62,10 @@ def test_rendered_objects_are_valid_kubernetes(name):
     for doc in docs:
         if doc["kind"] == "ServiceMonitor":  # a CRD of the Prometheus Operator: no upstream schema
             assert doc["spec"]["endpoints"][0]["port"] == "http"
+            continue
+        if doc["apiVersion"] == "kopf.dev/v1":  # kopf's peering: a CRD of the chart's crds/ folder
+            crd = chart_crds()[doc["kind"]]
+            assert ("namespace" in doc["metadata"]) == (crd["spec"]["scope"] == "Namespaced"), doc
             continue
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     assert "Deployment" in kinds
@@ -84,6 +94,27 @@ def test_scope_follows_watch_namespaces():
         0
     ]["args"]
     assert args[:2] == ["--namespace=models", "--namespace=staging"] and args[-1] == "--verbose"
+
+
+@pytest.mark.parametrize("name", ["defaults", "namespaced"])
+def test_replicas_share_the_peering_object_the_chart_makes(name):
+    """Two replicas by default; each runs `pagoda operator --peering` on the object the chart makes
+    (cluster-wide, or one per watched namespace), and the role lets them keep it alive."""
+    docs = render(VARIANTS[name])
+    deployment = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "pagoda")
+    assert deployment["spec"]["replicas"] == 2 and deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    peerings = [d for d in docs if d["apiVersion"] == "kopf.dev/v1"]
+    assert {d["metadata"]["name"] for d in peerings} == {env["PAGODA_PEERING"]}
+    watched = VARIANTS[name].get("watchNamespaces")
+    if watched:
+        assert sorted(d["metadata"]["namespace"] for d in peerings) == watched
+        assert {d["kind"] for d in peerings} == {"KopfPeering"}
+    else:
+        assert [d["kind"] for d in peerings] == ["ClusterKopfPeering"]
+    plural = "kopfpeerings" if watched else "clusterkopfpeerings"
+    granted = [r for r in rules(docs) if "kopf.dev" in r["apiGroups"] and plural in r["resources"]]
+    assert granted and {"list", "watch", "patch"} <= set(granted[0]["verbs"])
 
 
 def test_operator_pod_is_restricted():
