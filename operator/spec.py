@@ -152,7 +152,10 @@ class ResourcesSpec(Model):
 class CacheSpec(Model):
     enabled: bool = Field(default=True, description="Off: each pod downloads into an emptyDir at start.")
     storage_class_name: str | None = Field(default=None, max_length=253)
-    size: str = Field(default="100Gi", pattern=QUANTITY_REGEX)
+    size: str = Field(
+        default="100Gi", pattern=QUANTITY_REGEX,
+        description="The claim's request. Raising it later expands the claim (if its StorageClass allows); it never shrinks.",
+    )
     access_mode: Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"] = Field(
         default="ReadWriteOnce", description="ReadWriteMany lets replicas on several nodes share the cache."
     )
@@ -271,7 +274,9 @@ class LocalObjectReference(Model):
 
 
 # Root-level rules see the whole object: the cache may not move once the loader has filled it.
-IMMUTABLE_CACHE_FIELDS = ("storageClassName", "size", "accessMode", "existingClaim", "enabled")
+# Its size may change: the reconcile expands the claim (where the StorageClass allows it) and
+# warns on a shrink, which claims cannot do.
+IMMUTABLE_CACHE_FIELDS = ("storageClassName", "accessMode", "existingClaim", "enabled")
 
 
 def _same(field: str) -> str:

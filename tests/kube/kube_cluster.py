@@ -128,16 +128,23 @@ def stop(dir: Path) -> None:
 # -- the chart and the operator -------------------------------------------------------------------
 
 
-def install_chart(kube: Kube, values: dict | None = None) -> dict:
+def install_chart(kube: Kube, values: dict | None = None, release: str = RELEASE,
+                  namespace: str = OPERATOR_NAMESPACE) -> dict:
     """helm install, with helm-python-sdk (Helm's own Go code), into OPERATOR_NAMESPACE."""
     import helm_python as helm
 
-    with helm.Config(kubeconfig_path=str(kube.kubeconfig), namespace=OPERATOR_NAMESPACE) as config:
+    with helm.Config(kubeconfig_path=str(kube.kubeconfig), namespace=namespace) as config:
         with helm.Chart.load(CHART) as chart:
             return config.install(
-                chart, RELEASE, values or {}, namespace=OPERATOR_NAMESPACE, create_namespace=True,
-                timeout=300,
+                chart, release, values or {}, namespace=namespace, create_namespace=True, timeout=300,
             )
+
+
+def uninstall_chart(kube: Kube, release: str, namespace: str) -> dict:
+    import helm_python as helm
+
+    with helm.Config(kubeconfig_path=str(kube.kubeconfig), namespace=namespace) as config:
+        return config.uninstall(release, timeout=300)
 
 
 def service_account_kubeconfig(kube: Kube, name: str = RELEASE, namespace: str = OPERATOR_NAMESPACE,
@@ -168,6 +175,7 @@ class Operator:
     log: Path
     env: dict = field(default_factory=dict)
     args: tuple[str, ...] = ()  # more `pagoda operator` flags
+    scope: tuple[str, ...] = ("--all-namespaces",)  # or ("--namespace", NS)
     process: subprocess.Popen | None = None
 
     def start(self) -> Operator:
@@ -182,7 +190,7 @@ class Operator:
         env.pop("KUBERNETES_SERVICE_HOST", None)
         handle = self.log.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "pagoda.runtime.cli", "operator", "--all-namespaces", "--verbose", *self.args],
+            [sys.executable, "-m", "pagoda.runtime.cli", "operator", *self.scope, "--verbose", *self.args],
             env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT,
         )
         return self

@@ -106,7 +106,7 @@ def ready_pod_ips(kube: Kube, namespace: str, selector: str) -> list[str]:
 
 
 def requests_served(server: ServeProcess) -> float:
-    """Finished requests, from the server's own /metrics (pagoda:request_success)."""
+    """Finished requests, from the server's own /metrics (vLLM's name: vllm:request_success)."""
     text = httpx.get(f"{server.url}/metrics", timeout=10, trust_env=False).text
-    return sum(s.value for family in text_string_to_metric_families(text) if family.name == "pagoda:request_success"
+    return sum(s.value for family in text_string_to_metric_families(text) if family.name == "vllm:request_success"
                for s in family.samples if s.name.endswith("_total"))  # fmt: skip

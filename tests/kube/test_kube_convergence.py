@@ -151,3 +151,23 @@ def test_api_errors_from_a_proxy_converge(kube, operator, tmp_path):
         with contextlib.suppress(Exception):
             proxy.stop()
         operator.start()
+
+
+def test_a_loaded_cache_claim_grows_with_the_spec_and_never_shrinks(kube, operator):
+    ns = kube.namespace("grow")
+    kube.apply(modelserver("grown", ns, cache={"size": "10Gi", "retainOnDelete": False}))
+    wait_for(ready(kube, "grown", ns), "Ready")
+    claim = lambda: kube.get("pvc", "grown-cache", ns)["spec"]["resources"]["requests"]["storage"]  # noqa: E731
+    assert claim() == "10Gi"
+    # The real API server takes the expansion: the StorageClass allows it and the claim is bound.
+    kube.kubectl("patch", "modelserver", "grown", "-n", ns, "--type=merge", "-p",
+                 json.dumps({"spec": {"cache": {"size": "20Gi"}}}))  # fmt: skip
+    wait_for(lambda: claim() == "20Gi", "the claim to grow to 20Gi")
+    wait_for(lambda: "CacheClaimExpanding" in {e["reason"] for e in kube.events(ns, "grown")}, "the event")
+    kube.kubectl("patch", "modelserver", "grown", "-n", ns, "--type=merge", "-p",
+                 json.dumps({"spec": {"cache": {"size": "5Gi"}}}))  # fmt: skip
+    warning = wait_for(lambda: [e for e in kube.events(ns, "grown") if e["reason"] == "CacheClaimNotShrunk"],
+                       "the warning that claims only grow")  # fmt: skip
+    assert warning[0]["type"] == "Warning" and claim() == "20Gi"
+    assert kube.get("modelserver", "grown", ns)["status"]["phase"] == "Ready"
+    kube.kubectl("delete", "modelserver", "grown", "-n", ns, "--wait=true", "--timeout=120s")

@@ -115,7 +115,6 @@ def _loaded(obj: dict) -> dict:
     "field,value",
     [
         ("storageClassName", "fast"),
-        ("size", "500Gi"),
         ("accessMode", "ReadWriteMany"),
         ("existingClaim", "mine"),
         ("enabled", False),
@@ -136,6 +135,7 @@ def test_other_changes_pass_once_loaded():
     old = _loaded(minimal())
     new = copy.deepcopy(old)
     new["spec"]["cache"]["retainOnDelete"] = False
+    new["spec"]["cache"]["size"] = "500Gi"  # the claim is expanded
     new["spec"]["replicas"] = 0
     new["spec"]["model"]["uri"] = "hf://Qwen/Qwen2.5-1.5B-Instruct"
     assert admit(new, old)[1] == []
