@@ -11,7 +11,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from pagoda.kernels.activation_ref import silu_and_mul_ref
+from pagoda.kernels.activation_ref import gelu_tanh_and_mul_ref, silu_and_mul_ref
 from pagoda.kernels.fused_moe_ref import fused_moe_ref, route_ref
 from pagoda.kernels.kv_cache_ref import write_kv_cache_ref
 from pagoda.kernels.norm_ref import rms_norm_ref
@@ -32,19 +32,23 @@ def write_kv_cache(key, value, k_cache, v_cache, slot_mapping) -> None:
     return write_kv_cache_ref(key, value, k_cache, v_cache, slot_mapping)
 
 
-def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, **hints):
+def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, *,
+                    sliding_window=None, softcap=None, **hints):
     """hints (max_query_len, max_seq_len: python ints, upper bounds are fine) let the GPU kernels
     pick a launch without a host sync. max_query_len == 1 takes the split-KV decode kernel;
     num_decode_seqs = d > 0 says the first d sequences have one query row each (see
-    paged_attention_triton)."""
+    paged_attention_triton). sliding_window (tokens a query sees, itself included) and softcap
+    (Gemma 2's cap * tanh(score / cap)) are the layer's own."""
+    layer = dict(sliding_window=sliding_window, softcap=softcap)
     if not _on_gpu(query):
-        return paged_attention_ref(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+        return paged_attention_ref(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, **layer)
     return paged_attention_triton(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
-                                  **hints)
+                                  **layer, **hints)
 
 
 def paged_attention_triton(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, *,
-                           max_query_len=None, max_seq_len=None, num_decode_seqs=0, out=None):
+                           sliding_window=None, softcap=None, max_query_len=None, max_seq_len=None,
+                           num_decode_seqs=0, out=None):
     """The Triton kernels (the CPU tests run them under TRITON_INTERPRET=1).
 
     A mixed step puts its one-token rows first. Those go through the decode kernel, which reads
@@ -55,17 +59,18 @@ def paged_attention_triton(query, k_cache, v_cache, block_tables, seq_lens, quer
     from pagoda.kernels.paged_attention_decode import paged_attention_decode
     from pagoda.kernels.paged_attention_prefill import paged_attention_prefill
 
+    layer = dict(sliding_window=sliding_window, softcap=softcap)
     if max_query_len is None:  # no hint: find out, at the price of a sync
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max()) if len(seq_lens) else 0
     if max_query_len <= 1:
         return paged_attention_decode(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-                                      scale, max_seq_len=max_seq_len, out=out)
+                                      scale, **layer, max_seq_len=max_seq_len, out=out)
     d = num_decode_seqs
     if d > 0:
         out = paged_attention_decode(query, k_cache, v_cache, block_tables[:d], seq_lens[:d],
-                                     query_start_loc[: d + 1], scale, max_seq_len=max_seq_len, out=out)
+                                     query_start_loc[: d + 1], scale, **layer, max_seq_len=max_seq_len, out=out)
     return paged_attention_prefill(query, k_cache, v_cache, block_tables[d:], seq_lens[d:],
-                                   query_start_loc[d:], scale, max_query_len=max_query_len, out=out)
+                                   query_start_loc[d:], scale, **layer, max_query_len=max_query_len, out=out)
 
 
 def rms_norm(x, weight, eps, residual=None):
@@ -113,6 +118,11 @@ def silu_and_mul(x):
 
         return triton_silu_and_mul(x)
     return silu_and_mul_ref(x)
+
+
+def gelu_tanh_and_mul(x):
+    """Gemma's GeGLU; torch's own CUDA kernel on the GPU (no model we benchmark uses it)."""
+    return gelu_tanh_and_mul_ref(x)
 
 
 GEMV_MAX_ROWS = 4

@@ -20,13 +20,12 @@ already streams near the bandwidth limit and a split costs a merge launch.
 """
 
 import functools
-import math
 
 import torch
 import triton
 import triton.language as tl
 
-from pagoda.kernels.attention_dot import _dot, dot_precision
+from pagoda.kernels.attention_dot import NO_WINDOW, _dot, _scores, dot_precision, score_scales
 
 # Launch knobs for 2-byte caches, from e2e/kernels_gpu.py --sweep on the H200 (c928b0e): the best
 # worst case over batch 64-256 and context 512-8k, and no worse than the old 64/4/3 at any point.
@@ -50,11 +49,11 @@ PROGRAMS_PER_SM = 3
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
-    scale_log2,
+    qk_scale, cap_log2, window,
     stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh,
     NUM_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr, PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -63,8 +62,11 @@ def _decode_kernel(
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_row
     if q_len > 0:
         seq_len = tl.load(seq_lens_ptr + seq)
-        per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        start = split * per_split
+        # A sliding window shows the query only its last `window` positions: the slices cut those,
+        # and the blocks before them are never read (they may already be freed).
+        kv_start = tl.maximum(seq_len - window, 0)
+        per_split = tl.cdiv(tl.cdiv(seq_len - kv_start, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        start = kv_start + split * per_split
         end = tl.minimum(seq_len, start + per_split)
 
         g = tl.arange(0, BLOCK_G)
@@ -86,7 +88,7 @@ def _decode_kernel(
             row = block * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
             kv_mask = pmask[:, None] & dmask[None, :]
             k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            s = _dot(q, tl.trans(k), PRECISION) * scale_log2
+            s = _scores(q, tl.trans(k), qk_scale, cap_log2, SOFTCAP, PRECISION)
             s = tl.where(pmask[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
             alpha = tl.exp2(m - m_new)
@@ -167,6 +169,8 @@ def paged_attention_decode(
     query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
     scale: float,
     *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
     max_seq_len: int | None = None,
     num_splits: int | None = None,
     block_n: int | None = None,
@@ -177,7 +181,8 @@ def paged_attention_decode(
     """Every sequence must have at most one query row (q_len 0 rows are skipped).
 
     max_seq_len is only a launch hint (an upper bound is fine, as under CUDA graphs); without it
-    the split count is chosen from seq_lens, which syncs with the host.
+    the split count is chosen from seq_lens, which syncs with the host. sliding_window and softcap
+    as in paged_attention_ref.
     """
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = query.shape[1], query.shape[2]
@@ -192,6 +197,8 @@ def paged_attention_decode(
     if num_splits is None:
         if max_seq_len is None:
             max_seq_len = int(seq_lens.max())
+        if sliding_window:  # a window caps what one sequence reads
+            max_seq_len = min(max_seq_len, sliding_window)
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, query.device)
     block_g = max(16, triton.next_power_of_2(group))  # tl.dot wants M >= 16
     block_d = max(16, triton.next_power_of_2(head_dim))
@@ -206,12 +213,12 @@ def paged_attention_decode(
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
         out, part_out, part_lse,
-        scale * math.log2(math.e),
+        *score_scales(scale, softcap), sliding_window or NO_WINDOW,
         query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         NUM_SPLITS=num_splits, GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=block_size, BLOCK_N=block_n or default_n,
-        PRECISION=dot_precision(query),
+        SOFTCAP=bool(softcap), PRECISION=dot_precision(query),
         num_warps=num_warps or default_warps, num_stages=num_stages or default_stages,
     )
     if num_splits > 1:

@@ -6,18 +6,18 @@ through its block table in tiles of BLOCK_N, with an online softmax. The new tok
 the cache before the call, so a cached prefix and the fresh chunk are read the same way.
 
 Query row i of a sequence with q_len new tokens sits at position seq_len - q_len + i. The key loop
-has two phases: tiles that lie wholly at or before the tile's first query position need no mask;
-only the last few tiles along the diagonal pay for the causal mask. Query tiles are issued longest
-first so the causal triangle does not leave a straggler at the end of the grid.
+has up to three phases: tiles that lie wholly at or before the tile's first query position, and
+within every row's sliding window if the layer has one, need no mask; only the tiles along the
+diagonal, and along the window's lower edge, pay for a mask. Tiles wholly below every row's
+window are skipped. Query tiles are issued longest first so the causal triangle does not leave a
+straggler at the end of the grid. Scores may be soft-capped (Gemma 2): see attention_dot._scores.
 """
-
-import math
 
 import torch
 import triton
 import triton.language as tl
 
-from pagoda.kernels.attention_dot import _dot, dot_precision
+from pagoda.kernels.attention_dot import NO_WINDOW, _dot, _scores, dot_precision, score_scales
 
 
 @triton.jit
@@ -32,21 +32,24 @@ def _load_rows(ptrs, pmask, dmask, MASKED: tl.constexpr, EVEN_D: tl.constexpr):
 
 
 @triton.jit
-def _tile(q, k_cache_ptr, v_cache_ptr, table, kv_off, n0, d, dmask, q_pos, seq_len, m, denom, acc,
-          scale_log2, stride_cb, stride_cs,
+def _tile(q, k_cache_ptr, v_cache_ptr, table, kv_off, n0, d, dmask, q_pos, kv_lo, seq_len, m, denom, acc,
+          qk_scale, cap_log2, window, stride_cb, stride_cs,
           BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr,
-          PRECISION: tl.constexpr):
+          SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
     pos = n0 + tl.arange(0, BLOCK_N)
-    pmask = pos < seq_len
+    # Positions before kv_lo are outside every row's window: not even loaded, as their blocks may
+    # be freed and reused (a 0 * NaN would poison the sum).
+    pmask = (pos < seq_len) & (pos >= kv_lo)
     if MASKED:
         block = tl.load(table + pos // BLOCK_SIZE, mask=pmask, other=0).to(tl.int64)
     else:
         block = tl.load(table + pos // BLOCK_SIZE).to(tl.int64)
     rows = (block * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_off)[:, None] + d[None, :]
     k = _load_rows(k_cache_ptr + rows, pmask, dmask, MASKED, EVEN_D)
-    s = _dot(q, tl.trans(k), PRECISION) * scale_log2
+    s = _scores(q, tl.trans(k), qk_scale, cap_log2, SOFTCAP, PRECISION)
     if MASKED:
-        s = tl.where((pos[None, :] <= q_pos[:, None]) & pmask[None, :], s, float("-inf"))
+        visible = (pos[None, :] <= q_pos[:, None]) & (pos[None, :] > q_pos[:, None] - window)
+        s = tl.where(visible & pmask[None, :], s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, axis=1))
     if MASKED:  # a row may see no key in this tile; keep exp2 away from (-inf) - (-inf)
         m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -61,11 +64,11 @@ def _tile(q, k_cache_ptr, v_cache_ptr, table, kv_off, n0, d, dmask, q_pos, seq_l
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
-    scale_log2,
+    qk_scale, cap_log2, window,
     stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr, PRECISION: tl.constexpr,
 ):
     m_tile = tl.num_programs(0) - 1 - tl.program_id(0)  # longest (last) query tiles first
     seq = tl.program_id(1)
@@ -90,16 +93,25 @@ def _prefill_kernel(
         table = block_tables_ptr + seq.to(tl.int64) * stride_bt
         kv_off = (head // GROUP) * stride_ch
         first_pos = context + m_tile * BLOCK_M
-        full_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # every key here is visible to every row
+        full_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # every key here is at or before every row
         end = tl.minimum(seq_len, context + tl.minimum((m_tile + 1) * BLOCK_M, q_len))
-        for n0 in range(0, full_end, BLOCK_N):
-            m, denom, acc = _tile(q, k_cache_ptr, v_cache_ptr, table, kv_off, n0, d, dmask, q_pos,
-                              seq_len, m, denom, acc, scale_log2, stride_cb, stride_cs,
-                              BLOCK_SIZE, BLOCK_N, False, HEAD_DIM == BLOCK_D, PRECISION)
+        # With a sliding window, keys before lo are out of every row's sight (never read), and from
+        # full_lo on they are within every row's window; without one both are 0.
+        kv_lo = tl.maximum(first_pos - window + 1, 0)
+        lo = kv_lo // BLOCK_N * BLOCK_N
+        full_lo = tl.minimum(tl.cdiv(tl.maximum(first_pos + BLOCK_M - window, 0), BLOCK_N) * BLOCK_N, full_end)
+        for n0 in range(lo, full_lo, BLOCK_N):
+            m, denom, acc = _tile(q, k_cache_ptr, v_cache_ptr, table, kv_off, n0, d, dmask, q_pos, kv_lo,
+                                  seq_len, m, denom, acc, qk_scale, cap_log2, window, stride_cb, stride_cs,
+                                  BLOCK_SIZE, BLOCK_N, True, HEAD_DIM == BLOCK_D, SOFTCAP, PRECISION)
+        for n0 in range(full_lo, full_end, BLOCK_N):
+            m, denom, acc = _tile(q, k_cache_ptr, v_cache_ptr, table, kv_off, n0, d, dmask, q_pos, kv_lo,
+                                  seq_len, m, denom, acc, qk_scale, cap_log2, window, stride_cb, stride_cs,
+                                  BLOCK_SIZE, BLOCK_N, False, HEAD_DIM == BLOCK_D, SOFTCAP, PRECISION)
         for n0 in range(full_end, end, BLOCK_N):
-            m, denom, acc = _tile(q, k_cache_ptr, v_cache_ptr, table, kv_off, n0, d, dmask, q_pos,
-                              seq_len, m, denom, acc, scale_log2, stride_cb, stride_cs,
-                              BLOCK_SIZE, BLOCK_N, True, HEAD_DIM == BLOCK_D, PRECISION)
+            m, denom, acc = _tile(q, k_cache_ptr, v_cache_ptr, table, kv_off, n0, d, dmask, q_pos, kv_lo,
+                                  seq_len, m, denom, acc, qk_scale, cap_log2, window, stride_cb, stride_cs,
+                                  BLOCK_SIZE, BLOCK_N, True, HEAD_DIM == BLOCK_D, SOFTCAP, PRECISION)
         out = acc / tl.where(denom == 0.0, 1.0, denom)[:, None]
         tl.store(out_ptr + token[:, None] * stride_ot + head * stride_oh + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
@@ -127,6 +139,8 @@ def paged_attention_prefill(
     query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
     scale: float,
     *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
     max_query_len: int | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
@@ -135,7 +149,8 @@ def paged_attention_prefill(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """max_query_len is a launch hint (an upper bound is fine); without it the grid is sized from
-    query_start_loc, which syncs with the host."""
+    query_start_loc, which syncs with the host. sliding_window and softcap as in
+    paged_attention_ref."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = query.shape[1], query.shape[2]
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -152,13 +167,13 @@ def paged_attention_prefill(
     grid = (triton.cdiv(max_query_len, block_m), num_seqs, num_heads)
     _prefill_kernel[grid](
         query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
-        scale * math.log2(math.e),
+        *score_scales(scale, softcap), sliding_window or NO_WINDOW,
         query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_N=block_n or cfg["block_n"],
-        PRECISION=dot_precision(query),
+        SOFTCAP=bool(softcap), PRECISION=dot_precision(query),
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
     )
     return out

@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from pagoda.runtime.models.hf_fields import GEMMA_TYPES, has_qk_norm, is_sparse_layer, moe_shape
+from pagoda.runtime.models.hf_fields import (
+    GEMMA_TYPES,
+    freeable_window,
+    has_qk_norm,
+    is_sparse_layer,
+    moe_shape,
+)
 
 GIB = 1024**3
 
@@ -26,6 +32,10 @@ class MemoryPlan:
     max_model_len: int
     max_concurrent_seqs: int
     fits: bool
+    # Blocks one sequence holds at most: all of max_model_len, or with a sliding window on every
+    # layer the window plus one block at each end (and a prefill chunk, for `fits`).
+    sliding_window: int | None = None
+    max_blocks_per_seq: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -79,9 +89,12 @@ def plan_memory(
     activation_bytes: int = 0,
     weight_bytes: int | None = None,
     num_kv_blocks: int | None = None,
+    max_num_batched_tokens: int | None = None,
 ) -> MemoryPlan:
     """Blocks = (total * utilization - weights - activations) // block bytes, unless num_kv_blocks
-    overrides the pool size."""
+    overrides the pool size. With a sliding window on every layer, a decoding sequence holds at
+    most cdiv(window, block_size) + 1 blocks, which sets the worst-case concurrency; `fits` also
+    counts one prefill chunk of max_num_batched_tokens (all of max_model_len when unknown)."""
     if weight_bytes is None:
         weight_bytes = count_parameters(config) * dtype_bytes
     per_token = kv_bytes_per_token(config, dtype_bytes)
@@ -90,6 +103,14 @@ def plan_memory(
     if num_kv_blocks is None:
         num_kv_blocks = max(0, (usable - weight_bytes - activation_bytes) // block_bytes)
     capacity = num_kv_blocks * block_size
+    window = freeable_window(config)
+    concurrent = capacity // max_model_len if max_model_len else 0
+    fits, needed = capacity >= max_model_len, -(-max_model_len // block_size)
+    if window is not None and max_model_len:
+        per_seq = min(needed, -(-window // block_size) + 1)
+        chunk = max_num_batched_tokens or max_model_len
+        needed = min(needed, -(-(window - 1 + chunk) // block_size) + 1)
+        concurrent, fits = num_kv_blocks // per_seq, num_kv_blocks >= needed
     return MemoryPlan(
         weight_bytes=weight_bytes,
         kv_bytes_per_token=per_token,
@@ -100,15 +121,17 @@ def plan_memory(
         num_kv_blocks=num_kv_blocks,
         kv_capacity_tokens=capacity,
         max_model_len=max_model_len,
-        max_concurrent_seqs=capacity // max_model_len if max_model_len else 0,
-        fits=capacity >= max_model_len,
+        max_concurrent_seqs=concurrent,
+        fits=fits,
+        sliding_window=window,
+        max_blocks_per_seq=needed,
     )
 
 
 def check_fits(plan: MemoryPlan) -> None:
     if plan.fits:
         return
-    need_blocks = -(-plan.max_model_len // plan.block_size)
+    need_blocks = plan.max_blocks_per_seq
     raise ValueError(
         f"the KV cache cannot hold even one sequence of max_model_len={plan.max_model_len} tokens: "
         f"{plan.num_kv_blocks} blocks of {plan.block_size} tokens = {plan.kv_capacity_tokens} tokens "

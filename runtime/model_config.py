@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pagoda.runtime.models.hf_fields import GEMMA_TYPES
+
 logger = logging.getLogger(__name__)
 
 _DTYPE_NAMES = {
@@ -97,7 +99,8 @@ class ModelConfig:
             rope_theta=float(theta),
             rope_scaling=scaling,
             qkv_bias=has_qkv_bias(cfg),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            # Gemma ties them unless config.json says otherwise (transformers' default)
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", cfg.get("model_type") in GEMMA_TYPES)),
             eos_token_ids=_generation_eos_ids(path, cfg),
         )
 
@@ -117,16 +120,12 @@ def resolve_dtype(dtype: str, cfg: dict) -> str:
 
 def _derive_max_model_len(cfg: dict, requested: int | None) -> int:
     limit = cfg.get("max_position_embeddings", 2048)
-    window = cfg.get("sliding_window")
-    # Sliding-window attention is not implemented: stay within the window, where it is exact.
-    if window and (cfg.get("model_type") == "mistral" or cfg.get("use_sliding_window")):
-        limit = min(limit, window)
     if requested is None:
         return limit
     if requested > limit:
         raise ValueError(
             f"max_model_len={requested} is larger than the model allows ({limit}: "
-            "max_position_embeddings, or the sliding window); lower max_model_len"
+            "max_position_embeddings); lower max_model_len"
         )
     return requested
 

@@ -82,7 +82,9 @@ def format_plan(r: dict) -> str:
         f"({r['block_bytes']} bytes each)",
         f"tokens that fit         {r['kv_capacity_tokens']}",
         f"max_model_len           {r['max_model_len']}",
-        f"worst-case concurrency  {r['max_concurrent_seqs']} sequences of max_model_len",
+        f"worst-case concurrency  {r['max_concurrent_seqs']} sequences of max_model_len" + (
+            f" (sliding window of {r['sliding_window']} on every layer: blocks under it are freed)"
+            if r.get("sliding_window") else ""),
         f"fits                    {fits}",
     ]
     return "\n".join(lines)

@@ -78,7 +78,8 @@ class EngineCore:
         check_fits(self.memory_plan)
         self.runner.allocate_kv_cache(self.memory_plan.num_kv_blocks, args.block_size)
         self.kv_cache_manager = KVCacheManager(
-            self.memory_plan.num_kv_blocks, args.block_size, args.enable_prefix_caching
+            self.memory_plan.num_kv_blocks, args.block_size, args.enable_prefix_caching,
+            sliding_window=self.memory_plan.sliding_window,
         )
         self.scheduler = Scheduler(
             self.kv_cache_manager, args.max_num_seqs, self.max_num_batched_tokens, max_len
@@ -105,6 +106,7 @@ class EngineCore:
             max_model_len=cfg.max_model_len,
             block_size=args.block_size,
             weight_bytes=self.runner.weight_bytes(),
+            max_num_batched_tokens=self.max_num_batched_tokens,
         )
         if self.device.type == "cuda":
             _, total = torch.cuda.mem_get_info(self.device)

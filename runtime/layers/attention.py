@@ -15,10 +15,16 @@ from pagoda.runtime.worker.attention_context import get_context
 
 
 class Attention(nn.Module):
-    def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float):
+    """One layer's attention, with its own parameters: scale, sliding window (tokens a query sees,
+    itself included; None = all before it) and score soft-cap (Gemma 2), so local and global
+    layers of one model differ here and nowhere else."""
+
+    def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float,
+                 sliding_window: int | None = None, softcap: float | None = None):
         super().__init__()
         self.num_heads, self.head_dim, self.num_kv_heads = num_heads, head_dim, num_kv_heads
         self.scale = scale
+        self.sliding_window, self.softcap = sliding_window, softcap
         # Bound by the model runner once the pool is sized: [num_blocks, block_size, kv_heads, dim].
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
@@ -40,6 +46,8 @@ class Attention(nn.Module):
             ctx.seq_lens,
             ctx.query_start_loc,
             self.scale,
+            sliding_window=self.sliding_window,
+            softcap=self.softcap,
             max_query_len=ctx.max_query_len,
             max_seq_len=ctx.max_seq_len,
             num_decode_seqs=ctx.num_decode_seqs,

@@ -15,8 +15,10 @@ from torch import nn
 from pagoda.kernels import ops
 from pagoda.runtime.layers.linear import ReplicatedLinear
 from pagoda.runtime.layers.parallel_state import current_tp, divide
-from pagoda.runtime.layers.weight_slice import narrow
+from pagoda.runtime.layers.weight_slice import narrow, shape_of
 
+# transformers 5's in-memory names of all experts' matrices -> our parameter
+STACKED_EXPERTS = {"gate_up_proj": "w13", "down_proj": "w2"}
 # checkpoint names of one expert's three matrices -> (our parameter, part); part 0 = gate, 1 = up
 EXPERT_PARTS = {
     "w1": ("w13", 0), "w3": ("w13", 1), "w2": ("w2", None),  # Mixtral
@@ -44,6 +46,17 @@ class FusedMoE(nn.Module):
             param.data[expert].copy_(narrow(loaded, 1, start, self.inter))
         else:
             param.data[expert, part * self.inter : (part + 1) * self.inter].copy_(narrow(loaded, 0, start, self.inter))
+
+    def stacked_loader(self, param: nn.Parameter, loaded, name: str) -> None:
+        """All experts at once, as transformers 5 holds them in memory: gate_up_proj [E, 2 * inter,
+        hidden] (gate rows, then up rows) or down_proj [E, hidden, inter]."""
+        start, size = self.tp.rank * self.inter, self.inter
+        if name == "down_proj":
+            param.data.copy_(narrow(loaded, 2, start, size))
+            return
+        full = shape_of(loaded)[1] // 2
+        for part in (0, 1):
+            param.data[:, part * size : (part + 1) * size].copy_(narrow(loaded, 1, part * full + start, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = ops.moe_route(self.gate(x), self.top_k, self.renormalize)

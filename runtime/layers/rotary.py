@@ -1,4 +1,5 @@
-"""Rotary position embedding: a cos/sin cache built once, with Llama-3's frequency scaling.
+"""Rotary position embedding: a cos/sin cache built once, with Llama-3's frequency scaling, linear
+scaling, and Phi-3's LongRoPE.
 
 The cache holds cat(cos, sin) of position * inv_freq in float32, computed the way transformers
 computes it, so positions rotate bit-for-bit as in the reference model.
@@ -11,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "su")
 
 
 def default_inv_freq(rotary_dim: int, base: float) -> torch.Tensor:
@@ -35,12 +36,33 @@ def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
+def longrope_cos_sin_cache(rotary_dim: int, max_position: int, base: float, scaling: dict) -> torch.Tensor:
+    """Phi-3's LongRoPE: per-frequency factors, short ones up to original_max_position_embeddings
+    and long ones past it, and cos and sin scaled by an attention factor, as transformers computes
+    them. transformers picks one set of factors for a whole forward pass (long once any position
+    passes the original length); here each position has its own, so a cached key never changes its
+    rotation: the two agree on every sequence within the original length."""
+    original = scaling["original_max_position_embeddings"]
+    factor = scaling.get("factor") or scaling["max_position_embeddings"] / original
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    shape = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    positions = torch.arange(max_position, dtype=torch.float32)[:, None]
+    short, long = (1.0 / (torch.tensor(scaling[k], dtype=torch.float32) * base**shape)
+                   for k in ("short_factor", "long_factor"))
+    freqs = torch.where(positions < original, positions * short[None, :], positions * long[None, :])
+    return torch.cat([freqs.cos() * attention_factor, freqs.sin() * attention_factor], dim=-1)
+
+
 def build_cos_sin_cache(
     rotary_dim: int, max_position: int, base: float, scaling: dict | None
 ) -> torch.Tensor:
     rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(f"rope type {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}")
+    if rope_type in ("longrope", "su"):
+        return longrope_cos_sin_cache(rotary_dim, max_position, base, scaling)
     inv_freq = default_inv_freq(rotary_dim, base)
     positions = torch.arange(max_position, dtype=torch.float32)
     if rope_type == "llama3":

@@ -41,16 +41,43 @@ def is_sparse_layer(cfg: dict, layer_idx: int) -> bool:
 
 def layer_windows(cfg: dict) -> list[int | None]:
     """Each layer's sliding window in tokens (a query sees itself and the window - 1 tokens before
-    it, as in transformers), or None for full attention."""
-    n, window = cfg["num_hidden_layers"], cfg.get("sliding_window")
+    it, as in transformers), or None for full attention. transformers 5 writes layer_types; older
+    config.json files imply them, as transformers does when it reads them."""
+    n, window, kind = cfg["num_hidden_layers"], cfg.get("sliding_window"), cfg.get("model_type")
     types = cfg.get("layer_types")
     if not window:
         return [None] * n
-    if types:
-        return [window if t == "sliding_attention" else None for t in types]
-    if cfg.get("model_type") in ("mistral", "mixtral", "phi3") or cfg.get("use_sliding_window"):
-        return [window] * n
-    return [None] * n
+    if types is None:
+        if kind == "gemma2":  # every other layer, the first one local
+            types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+        elif kind in ("gemma3", "gemma3_text"):  # five local layers to one global
+            pattern = cfg.get("sliding_window_pattern", 6)
+            types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+        elif kind in ("qwen2", "qwen3", "qwen3_moe"):
+            first = cfg.get("max_window_layers", 0) if cfg.get("use_sliding_window") else n
+            types = ["sliding_attention" if i >= first else "full_attention" for i in range(n)]
+        else:  # Mistral, Mixtral, Phi-3: every layer, when config.json gives a window
+            types = ["sliding_attention"] * n
+    return [window if t == "sliding_attention" else None for t in types]
+
+
+def freeable_window(cfg: dict) -> int | None:
+    """The window past which a block is read by no layer (the widest), when every layer has one;
+    None when any layer attends to the whole sequence (then no block can be given back early)."""
+    windows = layer_windows(cfg)
+    return None if any(w is None for w in windows) else max(windows)
+
+
+def rotary_dim(cfg: dict, head_dim: int) -> int:
+    """Dimensions of each head that rotate (the rest pass through): partial_rotary_factor of them,
+    at the top level or, as transformers 5 writes it, in rope_parameters (Phi-4-mini: 0.75)."""
+    factor = cfg.get("partial_rotary_factor") or (cfg.get("rope_parameters") or {}).get("partial_rotary_factor")
+    return int(head_dim * (factor or 1.0))
+
+
+def attention_scale(cfg: dict, head_dim: int) -> float:
+    """Gemma scales scores by query_pre_attn_scalar ** -0.5, everyone else by head_dim ** -0.5."""
+    return (cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5
 
 
 def has_qk_norm(cfg: dict) -> bool:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from pagoda.runtime.layers.attention import Attention
-from pagoda.runtime.layers.fused_moe import EXPERT_PARTS
+from pagoda.runtime.layers.fused_moe import EXPERT_PARTS, STACKED_EXPERTS
 from pagoda.runtime.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pagoda.runtime.layers.norm import RMSNorm
 from pagoda.runtime.layers.parallel_state import divide, get_tp_size, kv_heads_per_rank
@@ -21,9 +21,12 @@ from pagoda.runtime.layers.rotary import RotaryEmbedding
 from pagoda.runtime.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 from pagoda.runtime.layers.weight_slice import materialize
 from pagoda.runtime.model_config import ModelConfig
+from pagoda.runtime.models.hf_fields import attention_scale, layer_windows, rotary_dim
 
 # model.layers.3.mlp.experts.17.gate_proj.weight -> (model.layers.3.mlp, 17, gate_proj)
 EXPERT_WEIGHT = re.compile(r"(.+)\.experts\.(\d+)\.(\w+)\.weight")
+# model.layers.3.mlp.experts.gate_up_proj -> (model.layers.3.mlp, gate_up_proj)
+STACKED_EXPERT_WEIGHT = re.compile(r"(.+)\.experts\.(gate_up_proj|down_proj)")
 
 
 class LlamaAttention(nn.Module):
@@ -40,7 +43,11 @@ class LlamaAttention(nn.Module):
         )
         self.o_proj = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size)
         self.rotary_emb = rotary_emb  # one table for every layer that shares its parameters
-        self.attn = Attention(self.num_heads, cfg.head_dim, self.num_kv_heads, cfg.head_dim**-0.5)
+        hf = cfg.hf_config
+        self.attn = Attention(
+            self.num_heads, cfg.head_dim, self.num_kv_heads, attention_scale(hf, cfg.head_dim),
+            sliding_window=layer_windows(hf)[layer_idx], softcap=hf.get("attn_logit_softcapping"),
+        )
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -121,9 +128,16 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
-        rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_model_len, cfg.rope_theta, cfg.rope_scaling)
-        self.layers = nn.ModuleList(layer_cls(cfg, i, rotary_emb) for i in range(cfg.num_layers))
+        rotary = self.layer_rotary_embeddings(cfg)
+        self.layers = nn.ModuleList(layer_cls(cfg, i, rotary[i]) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    @staticmethod
+    def layer_rotary_embeddings(cfg: ModelConfig) -> list[RotaryEmbedding]:
+        """Each layer's rotary table; layers with the same rope parameters share one."""
+        dim = rotary_dim(cfg.hf_config, cfg.head_dim)
+        shared = RotaryEmbedding(dim, cfg.max_model_len, cfg.rope_theta, cfg.rope_scaling)
+        return [shared] * cfg.num_layers
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None
@@ -134,6 +148,7 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    model_cls = LlamaModel
     layer_cls = LlamaDecoderLayer
     checkpoint_renames: tuple[tuple[str, str], ...] = ()  # checkpoint name fragment -> ours
     # checkpoint name fragment -> (our fused parameter, shard id)
@@ -148,7 +163,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg, self.layer_cls)
+        self.model = self.model_cls(cfg, self.layer_cls)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
         if cfg.tie_word_embeddings:
             self.lm_head.tie_to(self.model.embed_tokens)
@@ -191,6 +206,12 @@ class LlamaForCausalLM(nn.Module):
                 param_name, part = EXPERT_PARTS[part_name]
                 target = f"{prefix}.{param_name}"
                 params[target].weight_loader(params[target], tensor, int(index), part)
+                loaded.add(target)
+                continue
+            if stacked := STACKED_EXPERT_WEIGHT.fullmatch(name):  # transformers 5's in-memory layout
+                prefix, kind = stacked.groups()
+                target = f"{prefix}.{STACKED_EXPERTS[kind]}"
+                self.get_submodule(prefix).stacked_loader(params[target], tensor, kind)
                 loaded.add(target)
                 continue
             for ckpt_part, our_part, shard_id in self.stacked_params:

@@ -11,6 +11,9 @@ _REGISTRY = {
     "Qwen3ForCausalLM": ("pagoda.runtime.models.qwen3", "Qwen3ForCausalLM"),
     "MixtralForCausalLM": ("pagoda.runtime.models.mixtral", "MixtralForCausalLM"),
     "Qwen3MoeForCausalLM": ("pagoda.runtime.models.qwen3_moe", "Qwen3MoeForCausalLM"),
+    "Gemma2ForCausalLM": ("pagoda.runtime.models.gemma2", "Gemma2ForCausalLM"),
+    "Gemma3ForCausalLM": ("pagoda.runtime.models.gemma3", "Gemma3ForCausalLM"),
+    "Phi3ForCausalLM": ("pagoda.runtime.models.phi3", "Phi3ForCausalLM"),
 }
 
 SUPPORTED_ARCHITECTURES = tuple(_REGISTRY)

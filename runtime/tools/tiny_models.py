@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FAMILIES = ("llama", "llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe")
+FAMILIES = ("llama", "llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "gemma2", "gemma3", "phi3")
 
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>"]
 
@@ -120,6 +120,21 @@ def _config(spec: TinySpec, tokenizer):
         cfg = tf.Qwen3MoeConfig(**{**common, "num_hidden_layers": 3}, head_dim=16, rope_theta=1000000.0,
                                 num_experts=6, num_experts_per_tok=3, moe_intermediate_size=32,
                                 norm_topk_prob=False, mlp_only_layers=[1])
+    elif spec.family == "gemma2":
+        # A window (12) shorter than most test prompts, on layer 0 of 2; caps low enough to bite.
+        cfg = tf.Gemma2Config(**common, head_dim=16, query_pre_attn_scalar=24, sliding_window=12,
+                              attn_logit_softcapping=5.0, final_logit_softcapping=8.0)
+    elif spec.family == "gemma3":
+        # Two local layers, then a global one with its own rope base and linear scaling.
+        cfg = tf.Gemma3TextConfig(**{**common, "num_hidden_layers": 3}, head_dim=16, query_pre_attn_scalar=16,
+                                  sliding_window=12, sliding_window_pattern=3, rope_theta=1000000.0,
+                                  rope_local_base_freq=10000.0, rope_scaling={"rope_type": "linear", "factor": 4.0})
+    elif spec.family == "phi3":
+        # LongRoPE, with an original length (256) past every test sequence: the short factors rule
+        factors = [1.0 + 0.25 * i for i in range(8)]  # one per rotary frequency (head_dim 16)
+        cfg = tf.Phi3Config(**common, original_max_position_embeddings=256, sliding_window=None,
+                            rope_scaling={"rope_type": "longrope", "short_factor": factors,
+                                          "long_factor": [4 * f for f in factors]})
     else:
         raise ValueError(f"unknown tiny family {spec.family!r}; choose one of {FAMILIES}")
     for key, value in spec.extra.items():
@@ -145,6 +160,9 @@ def build_tiny_model(path: str | Path, family: str = "llama", seed: int = 0, **o
         "qwen3": tf.Qwen3ForCausalLM,
         "mixtral": tf.MixtralForCausalLM,
         "qwen3_moe": tf.Qwen3MoeForCausalLM,
+        "gemma2": tf.Gemma2ForCausalLM,
+        "gemma3": tf.Gemma3ForCausalLM,
+        "phi3": tf.Phi3ForCausalLM,
     }[family]
     torch.manual_seed(seed)
     model = cls(config)

@@ -70,7 +70,7 @@ def test_roofline_reproduces_the_published_figures():
     assert decode_floor_ms(w1) == pytest.approx(W2_PUBLISHED_FLOOR_MS, abs=0.005)
 
 
-@pytest.mark.parametrize("name", ["w1", "w4"])
+@pytest.mark.parametrize("name", ["w1", "w4", "w5"])
 def test_roofline_parameter_count_matches_transformers(name):
     """The parameter count behind the roofline against the real model class, built on `meta`."""
     config = AutoConfig.for_model(**workloads.MODEL_CONFIGS[name])
@@ -80,6 +80,25 @@ def test_roofline_parameter_count_matches_transformers(name):
     roof = offline_roofline(workloads.MODEL_CONFIGS[name], [128], 1)
     assert roof.num_params == expected
     assert roof.weight_bytes == 2 * expected
+
+
+def test_w5_roofline_counts_active_parameters_and_touched_experts():
+    """W5: W1's requests on Qwen3-30B-A3B. Prefill at 2 FLOPs per active parameter (3.35B of
+    30.5B); each decode step of 256 sequences touches all but ~1e-5 of the 128 experts per layer,
+    so it reads nearly every weight; the active-only bound (one token's 8 experts) is far higher."""
+    w5 = workloads.MODEL_CONFIGS["w5"]
+    assert workloads.WORKLOADS["W5"] is workloads.w1_requests and workloads.WORKLOAD_MODEL["W5"] == "w5"
+    lens = [len(r.prompt_token_ids) for r in workloads.w1_requests()]
+    roof = offline_roofline(w5, lens, 256)
+    assert roof.num_params == 30_532_122_624 and roof.num_active_params == 3_353_032_704
+    assert roof.prefill_s == pytest.approx(2 * roof.num_active_params * 143240 / 780e12)
+    assert roof.experts_touched_per_layer == pytest.approx(128.0, abs=1e-4)
+    assert roof.decode_step_weight_bytes == pytest.approx(roof.weight_bytes, rel=1e-6)
+    assert roof.output_tokens_per_s == pytest.approx(11012, abs=2)
+    assert roof.active_only_output_tokens_per_s > 2 * roof.output_tokens_per_s
+    small = offline_roofline(w5, lens[:1], 256)  # one sequence touches 8 experts per layer
+    assert small.experts_touched_per_layer == pytest.approx(8.0)
+    assert small.decode_step_weight_bytes == 2 * roof.num_active_params
 
 
 def test_synthetic_model_folders(tmp_path):

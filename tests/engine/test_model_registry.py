@@ -17,7 +17,8 @@ from pagoda.runtime.plan import make_plan
 from pagoda.runtime.tools.tiny_models import FAMILIES
 from pagoda.runtime.worker.model_loader import iter_safetensors, load_model
 
-FAMILY_ARCHS = {"Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}
+FAMILY_ARCHS = {"Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM",
+                "Gemma3ForCausalLM", "Phi3ForCausalLM"}
 
 
 def test_supported_set_names_the_new_families():
@@ -49,3 +50,18 @@ def test_dummy_shapes_are_the_checkpoint_shapes_transformers_writes(tiny_models,
         written.pop("lm_head.weight", None)
     assert dict(get_model_class(cfg.architecture).checkpoint_shapes(cfg)) == written
     load_model(cfg, torch.device("cpu"), "dummy")  # every parameter is filled
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "gemma2"])
+def test_transformers_in_memory_weights_load_as_the_checkpoint_does(tiny_models, hf, family):
+    """transformers 5 holds experts stacked ([E, 2 * inter, hidden]) where its checkpoints hold one
+    tensor per expert; the GPU correctness script copies the in-memory state dict, so both load."""
+    path = tiny_models[family]
+    cfg = ModelConfig.from_path(Path(path))
+    from_checkpoint = load_model(cfg, torch.device("cpu"))
+    from_memory = load_model(cfg, torch.device("cpu"), "dummy", seed=5)
+    with torch.no_grad():
+        from_memory.load_weights(hf.model(path).state_dict().items())
+    mine = dict(from_memory.named_parameters())
+    for name, param in from_checkpoint.named_parameters():
+        torch.testing.assert_close(mine[name], param, rtol=0, atol=0, msg=name)

@@ -24,6 +24,18 @@ REAL = {
     "Qwen3-8B": ("Qwen3Config", dict(
         hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
         num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False)),
+    # four norms per block, tied embeddings by default
+    "Gemma-2-9B": ("Gemma2Config", dict(
+        hidden_size=3584, intermediate_size=14336, num_hidden_layers=42, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=256, vocab_size=256000, query_pre_attn_scalar=256, sliding_window=4096)),
+    # q/k norms too
+    "Gemma-3-1B": ("Gemma3TextConfig", dict(
+        hidden_size=1152, intermediate_size=6912, num_hidden_layers=26, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=256, vocab_size=262144, query_pre_attn_scalar=256, sliding_window=512)),
+    # fused qkv and gate_up in the checkpoint: the same parameters
+    "Phi-3-mini-4k": ("Phi3Config", dict(
+        hidden_size=3072, intermediate_size=8192, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=32, vocab_size=32064, sliding_window=2047, tie_word_embeddings=False)),
 }
 
 
@@ -62,3 +74,24 @@ def test_plan_prints_active_parameters_of_a_mixture_of_experts(tmp_path):
     assert plan["kv_bytes_per_token"] == 2 * 48 * 4 * 128 * 2
     assert plan["weight_bytes"] == plan["num_parameters"] * 2
     assert "B active per token" in format_plan(plan)
+
+
+@pytest.mark.parametrize("name,arch,freed", [("Phi-3-mini-4k", "Phi3ForCausalLM", True),
+                                             ("Gemma-2-9B", "Gemma2ForCausalLM", False)])
+def test_plan_counts_sequences_by_the_window_only_when_every_layer_has_one(tmp_path, name, arch, freed):
+    """Phi-3-mini's 2047-token window is on every layer, so a sequence holds about 2047 tokens of
+    blocks whatever its length; Gemma 2's global layers read every block, so nothing changes."""
+    config_cls, fields = REAL[name]
+    config, _ = hf_model(config_cls, fields)
+    config.architectures = [arch]
+    config.save_pretrained(tmp_path)
+    plan = make_plan(str(tmp_path), 141.0, dtype="bfloat16", max_model_len=4096)
+    blocks_per_seq = -(-4096 // plan["block_size"])
+    if freed:
+        assert plan["sliding_window"] == 2047
+        assert plan["max_concurrent_seqs"] == plan["num_kv_blocks"] // (-(-2047 // plan["block_size"]) + 1)
+        assert "sliding window of 2047 on every layer" in format_plan(plan)
+    else:
+        assert plan["sliding_window"] is None
+        assert plan["max_concurrent_seqs"] == plan["num_kv_blocks"] // blocks_per_seq
+        assert "sliding window" not in format_plan(plan)

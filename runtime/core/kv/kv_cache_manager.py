@@ -3,6 +3,11 @@
 It answers the scheduler's three questions: how much of a new request's prompt is already cached
 (get_computed_blocks), whether a request can have slots for its next tokens (allocate_slots), and
 what to give back when a request finishes or is preempted (free).
+
+When every layer attends through a sliding window (sliding_window: the widest), a block wholly
+before the window of the request's next query is never read again: allocate_slots gives it back
+at once, and the table keeps null_block in its place, so positions still map to table columns.
+Long requests then hold about window / block_size blocks, whatever their length.
 """
 
 from __future__ import annotations
@@ -20,12 +25,17 @@ def cdiv(a: int, b: int) -> int:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 sliding_window: int | None = None):
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.sliding_window = sliding_window
+        # Stands in for a block given back under the window: no pool block, and no kernel reads it.
+        self.null_block = KVBlock(0)
         self.req_to_blocks: dict[str, list[KVBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}  # how many of a request's blocks are hashed
+        self.num_dropped_blocks: dict[str, int] = {}  # leading blocks given back under the window
         self.prefix_cache_queries = 0  # tokens looked up
         self.prefix_cache_hits = 0  # tokens found
 
@@ -62,6 +72,8 @@ class KVCacheManager:
         """Full prompt blocks a sibling (n > 1) may borrow from the first child, which computed them."""
         computed = min(source.num_computed_tokens, source.num_prompt_tokens)
         n = min(computed // self.block_size, (request.num_tokens - 1) // self.block_size)
+        if self.num_dropped_blocks.get(source.request_id):
+            return [], 0  # its first blocks are gone (sliding window): nothing to borrow from 0
         blocks = self.req_to_blocks.get(source.request_id, [])[:n]
         return blocks, len(blocks) * self.block_size
 
@@ -73,9 +85,33 @@ class KVCacheManager:
         new_computed_blocks are prefix-cache hits for a request being scheduled for the first time;
         its num_computed_tokens must not yet count them.
         """
+        if self.sliding_window is not None:
+            self._drop_out_of_window(request)
         if not new_computed_blocks and self._has_room(request, num_new_tokens):
             return []
         return self._allocate(request, num_new_tokens, new_computed_blocks or [])
+
+    def _drop_out_of_window(self, request: Request) -> None:
+        """Give back the blocks that lie wholly before the window of the request's next query
+        (position num_computed_tokens, which sees from num_computed_tokens - window + 1 on: the
+        same bound the attention kernels start their reads at)."""
+        blocks = self.req_to_blocks.get(request.request_id)
+        if not blocks:
+            return
+        first_needed = max(0, request.num_computed_tokens - self.sliding_window + 1) // self.block_size
+        start = self.num_dropped_blocks.get(request.request_id, 0)
+        if first_needed <= start:
+            return
+        dropped = blocks[start:first_needed]
+        blocks[start:first_needed] = [self.null_block] * len(dropped)
+        self.num_dropped_blocks[request.request_id] = first_needed
+        # Cached blocks stay findable in the LRU for other requests with the same prefix.
+        self.block_pool.free_blocks(list(reversed(dropped)))
+
+    def num_live_blocks(self, request: Request) -> int:
+        """Blocks the request holds from the pool (its table, less the blocks given back)."""
+        blocks = self.req_to_blocks.get(request.request_id, ())
+        return len(blocks) - self.num_dropped_blocks.get(request.request_id, 0)
 
     def _has_room(self, request: Request, num_new_tokens: int) -> bool:
         """The common decode case, checked without building anything: the request's blocks hold
@@ -126,7 +162,8 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_blocks.pop(request.request_id, None)
-        self.block_pool.free_blocks(list(reversed(blocks)))
+        dropped = self.num_dropped_blocks.pop(request.request_id, 0)
+        self.block_pool.free_blocks(list(reversed(blocks[dropped:])))
 
     def num_wasted_slots(self, request: Request) -> int:
         """Allocated slots the request has not filled and no launched step is filling: under one

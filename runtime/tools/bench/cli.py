@@ -10,10 +10,10 @@ import argparse
 import importlib
 
 BENCHES: dict[str, tuple[str, str]] = {
-    "throughput": ("pagoda.runtime.tools.bench.throughput", "W1/W4: offline throughput (output tok/s), Pagoda or the HF peer."),
+    "throughput": ("pagoda.runtime.tools.bench.throughput", "W1/W4/W5: offline throughput (output tok/s), Pagoda or the HF peer."),
     "latency": ("pagoda.runtime.tools.bench.latency", "W2: single-stream time per output token, Pagoda or the HF peer."),
     "serve": ("pagoda.runtime.tools.bench.serve", "W3: load generator for any OpenAI-compatible server."),
-    "model": ("pagoda.runtime.tools.bench.cli", "Write a synthetic model folder (w1, w4, tiny) (config + tokenizer)."),
+    "model": ("pagoda.runtime.tools.bench.cli", "Write a synthetic model folder (w1, w4, w5, tiny) (config + tokenizer)."),
 }
 
 
@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _module_add_arguments(module: str, parser) -> None:
     if module == __name__:
-        parser.add_argument("name", choices=["w1", "w4", "tiny"])
+        parser.add_argument("name", choices=["w1", "w4", "w5", "tiny"])
         parser.add_argument("path", nargs="?", default=None, help="default: ~/.cache/pagoda/bench-models/NAME")
         return
     importlib.import_module(module).add_arguments(parser)

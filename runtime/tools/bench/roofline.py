@@ -11,6 +11,13 @@ back to back from random.Random(0) (no token ids drawn in between). W1 as specif
 prompt's token ids right after its length, which gives shorter prompts in total (143,240 tokens
 against 149,108) and so a higher limit for the workload that actually runs: about 12,353 tok/s.
 Results carry both; ratios use the one computed for the run.
+
+A mixture of experts (W5) runs each token through top-k of E experts per layer: prefill counts 2
+FLOPs per active parameter, and a decode step of B sequences reads the weights outside the experts
+plus the experts the batch touches, E * (1 - (1 - k/E)^B) per layer in expectation when routing is
+uniform (random weights route nearly uniformly): 128.0 of 128 for W5's 256 sequences, so W5's
+decode steps read nearly all 30.5B parameters. `active_only_output_tokens_per_s` is the bound if a
+step read only one token's k experts per layer (a batch of one).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import random
 from dataclasses import asdict, dataclass
 
 from pagoda.runtime.memory import count_parameters, kv_bytes_per_token
+from pagoda.runtime.models.hf_fields import is_sparse_layer, moe_shape
 
 # H200, measured (BENCHMARKS.md): bf16 8192^3 matmul, and device-to-device copy (read + write).
 H200_TFLOP_PER_S = 780.0
@@ -39,6 +47,10 @@ class Roofline:
     output_tokens: int
     tflop_per_s: float
     tb_per_s: float
+    num_active_params: int = 0  # per token: the MoE's top-k experts only
+    decode_step_weight_bytes: int = 0  # weights one decode step of the whole batch reads
+    experts_touched_per_layer: float | None = None
+    active_only_output_tokens_per_s: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -54,15 +66,25 @@ def offline_roofline(
 ) -> Roofline:
     """Upper bound on output tok/s when all requests run together (W1 admits every one at once)."""
     num_params = count_parameters(config)
+    num_active = count_parameters(config, active=True)
     weight_bytes = num_params * dtype_bytes
     kv_per_token = kv_bytes_per_token(config, dtype_bytes)
     prompt_tokens = sum(prompt_lens)
     num_seqs = len(prompt_lens)
-    prefill_s = 2 * num_params * prompt_tokens / (tflop_per_s * 1e12)
+    prefill_s = 2 * num_active * prompt_tokens / (tflop_per_s * 1e12)
+    step_params, touched = num_params, None
+    moe = moe_shape(config)
+    if moe is not None:
+        sparse = sum(is_sparse_layer(config, i) for i in range(config["num_hidden_layers"]))
+        per_expert = 3 * config["hidden_size"] * moe.intermediate_size
+        touched = moe.num_experts * (1 - (1 - moe.top_k / moe.num_experts) ** num_seqs)
+        step_params = round(num_params - sparse * (moe.num_experts - touched) * per_expert)
     # sum over steps j of (prompt_tokens + num_seqs * j) cached tokens, in closed form.
     kv_token_reads = output_len * prompt_tokens + num_seqs * output_len * (output_len - 1) // 2
-    decode_s = (output_len * weight_bytes + kv_token_reads * kv_per_token) / (tb_per_s * 1e12)
+    kv_s = kv_token_reads * kv_per_token / (tb_per_s * 1e12)
+    decode_s = output_len * step_params * dtype_bytes / (tb_per_s * 1e12) + kv_s
     output_tokens = num_seqs * output_len
+    active_only = output_tokens / (prefill_s + output_len * num_active * dtype_bytes / (tb_per_s * 1e12) + kv_s)
     return Roofline(
         output_tokens_per_s=output_tokens / (prefill_s + decode_s),
         prefill_s=prefill_s,
@@ -74,6 +96,10 @@ def offline_roofline(
         output_tokens=output_tokens,
         tflop_per_s=tflop_per_s,
         tb_per_s=tb_per_s,
+        num_active_params=num_active,
+        decode_step_weight_bytes=step_params * dtype_bytes,
+        experts_touched_per_layer=touched,
+        active_only_output_tokens_per_s=active_only if moe is not None else None,
     )
 
 

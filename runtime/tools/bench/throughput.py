@@ -1,4 +1,4 @@
-"""`pagoda bench throughput`: offline throughput, W1 (8B) and W4 (0.5B), on Pagoda or the HF peer.
+"""`pagoda bench throughput`: offline throughput, W1 (8B), W4 (0.5B) and W5 (MoE), on Pagoda or the HF peer.
 
 The figure is output tokens divided by the wall time of the whole generation, after a warm-up,
 as BENCHMARKS.md defines it. `--backend hf` runs the same request list through transformers'
@@ -24,7 +24,7 @@ from pagoda.runtime.tools.bench.roofline import W1_PUBLISHED_ROOFLINE, offline_r
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--workload", default="W1", choices=sorted(workloads.WORKLOADS), help="W1 (8B) or W4 (0.5B)")
+    p.add_argument("--workload", default="W1", choices=sorted(workloads.WORKLOADS), help="W1 (8B), W4 (0.5B) or W5 (W1 on Qwen3-30B-A3B)")
     p.add_argument("--backend", default="pagoda", choices=["pagoda", "hf"])
     p.add_argument("--model", default=None, help="w1, w4 (synthetic folder, random weights) or a model folder; "
                    "default: the workload's model")

@@ -4,7 +4,7 @@ Every draw uses `random.Random(seed)` and the order BENCHMARKS.md gives, one req
 the prompt length, then that prompt's token ids. The same seed therefore gives the same prompts in
 every tool that reads this module (the engine bench, the HF peer, the serving load generator).
 
-`--model w1` / `--model w4` (and `tiny`, for CPU smoke runs) need no download: `model_folder` writes config.json and a synthetic
+`--model w1` / `--model w4` / `--model w5` (and `tiny`, for CPU smoke runs) need no download: `model_folder` writes config.json and a synthetic
 tokenizer whose vocabulary covers the whole config vocabulary, and the engine runs with
 `load_format="dummy"` (random weights).
 """
@@ -83,6 +83,38 @@ QWEN2_5_0_5B: dict = {
     "torch_dtype": "bfloat16",
 }
 
+# Qwen3-30B-A3B's config.json (W5): 128 experts, top-8, q/k norms, no qkv bias.
+QWEN3_30B_A3B: dict = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "tie_word_embeddings": False,
+    "use_sliding_window": False,
+    "sliding_window": None,
+    "max_window_layers": 48,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "initializer_range": 0.02,
+    "torch_dtype": "bfloat16",
+}
+
 # For CPU smoke runs of every bench: Llama-shaped and tiny, but its vocabulary covers the token ids
 # the workloads draw (below 30,000), which the 512-token test checkpoints do not.
 TINY: dict = {
@@ -107,12 +139,14 @@ TINY: dict = {
 
 # "-bpe": the same model with a made-up byte-level BPE tokenizer (bench/bpe_vocab.py), whose tokens
 # can spell JSON: W1-json (structured outputs) needs one; the word-level tokenizer cannot.
-MODEL_CONFIGS = {"w1": LLAMA_3_1_8B, "w4": QWEN2_5_0_5B, "tiny": TINY, "w1-bpe": LLAMA_3_1_8B, "tiny-bpe": TINY}
+MODEL_CONFIGS = {"w1": LLAMA_3_1_8B, "w4": QWEN2_5_0_5B, "w5": QWEN3_30B_A3B, "tiny": TINY, "w1-bpe": LLAMA_3_1_8B,
+                 "tiny-bpe": TINY}
 
 # Special tokens of the synthetic tokenizers, at the ids the real checkpoints use.
 _SPECIAL_TOKENS = {
     "w1": {128000: "<|begin_of_text|>", 128001: "<|end_of_text|>", 128008: "<|eom_id|>", 128009: "<|eot_id|>"},
     "w4": {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>"},
+    "w5": {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>"},
     "tiny": {1: "<|bos|>", 2: "<|eos|>"},
 }
 _SPECIAL_TOKENS["w1-bpe"], _SPECIAL_TOKENS["tiny-bpe"] = _SPECIAL_TOKENS["w1"], _SPECIAL_TOKENS["tiny"]
@@ -175,8 +209,9 @@ def serving_requests(
     return [BenchRequest(p, n) for p, n in zip(prompts, output_lens)]
 
 
-WORKLOADS = {"W1": w1_requests, "W4": w4_requests}
-WORKLOAD_MODEL = {"W1": "w1", "W2": "w1", "W3": "w1", "W4": "w4"}
+# W5 is W1's requests on the mixture-of-experts model.
+WORKLOADS = {"W1": w1_requests, "W4": w4_requests, "W5": w1_requests}
+WORKLOAD_MODEL = {"W1": "w1", "W2": "w1", "W3": "w1", "W4": "w4", "W5": "w5"}
 
 
 # --- model folders ----------------------------------------------------------------------------
