@@ -157,18 +157,21 @@ def silu_case(device, dtype, d):
 
 
 def attention_case(device, group, head_dim, dtype, block_size, q_lens, seq_lens, kv_heads=2,
-                   num_decode_seqs=0, **launch):
+                   num_decode_seqs=0, layer=None, **launch):
+    """layer: a layer's own sliding_window / softcap (Gemma, Mistral, Phi-3)."""
+    layer = layer or {}
+
     def fn():
         args = paged_batch(q_lens, seq_lens, kv_heads, group, head_dim, block_size, dtype, device)
         scale = head_dim**-0.5
         with no_host_sync():
             if max(q_lens) == 1:
-                got = paged_attention_decode(*args, scale, max_seq_len=max(seq_lens), **launch)
+                got = paged_attention_decode(*args, scale, max_seq_len=max(seq_lens), **layer, **launch)
             else:
-                got = paged_attention_prefill(*args, scale, max_query_len=max(q_lens), **launch)
+                got = paged_attention_prefill(*args, scale, max_query_len=max(q_lens), **layer, **launch)
             via_ops = ops.paged_attention(*args, scale, max_query_len=max(q_lens), max_seq_len=max(seq_lens),
-                                          num_decode_seqs=num_decode_seqs)
-        want = paged_attention_ref(*args, scale)
+                                          num_decode_seqs=num_decode_seqs, **layer)
+        want = paged_attention_ref(*args, scale, **layer)
         return [(got, want, ATTN_TOL[dtype]), (via_ops, want, ATTN_TOL[dtype])]
 
     return fn
@@ -287,6 +290,22 @@ def run_checks(device) -> list[dict]:
             "paged_attention_mixed",
             f"{dtype} group={group} head_dim={hd} block={bs} q={q_lens} decodes={nd}",
             attention_case(device, group, hd, dtype, bs, q_lens, seq_lens, kvh, num_decode_seqs=nd),
+        )
+    windowed_cases = [
+        # group, head_dim, dtype, block_size, q_lens, seq_lens, kv_heads, decodes, layer: Gemma's
+        # head_dim 256 with a window and soft-caps, Mistral/Phi-3's window alone
+        (2, 256, BF16, 16, [1, 1, 600, 40], [900, 50, 600, 1000], 8, 2, dict(sliding_window=128, softcap=50.0)),
+        (2, 256, F32, 16, [1, 300], [700, 300], 4, 1, dict(sliding_window=128, softcap=50.0)),
+        (1, 256, BF16, 16, [1, 1, 1], [40, 3000, 5000], 4, 3, dict(sliding_window=512)),
+        (4, 128, BF16, 16, [1, 1000, 64], [2500, 1000, 3000], 8, 1, dict(sliding_window=4096)),
+        (1, 96, F32, 16, [1, 257], [3000, 400], 32, 1, dict(sliding_window=200)),
+        (2, 256, BF16, 16, [1, 700], [2000, 700], 8, 1, dict(softcap=30.0)),
+    ]
+    for group, hd, dtype, bs, q_lens, seq_lens, kvh, nd, layer in windowed_cases:
+        checks.run(
+            "paged_attention_windowed",
+            f"{dtype} group={group} head_dim={hd} q={q_lens} seq={seq_lens} decodes={nd} {layer}",
+            attention_case(device, group, hd, dtype, bs, q_lens, seq_lens, kvh, num_decode_seqs=nd, layer=layer),
         )
     checks.run("sampling", "philox bit-exact with tl.rand", philox_case(device))
     for vocab, dtype in [(32000, F32), (128256, BF16), (151936, F32)]:

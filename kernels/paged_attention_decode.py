@@ -151,12 +151,13 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, device
     return max(1, min(wanted, by_length, MAX_SPLITS))
 
 
-def choose_tile(num_programs: int, element_size: int, device: torch.device) -> tuple:
+def choose_tile(num_programs: int, element_size: int, device: torch.device, head_dim: int = 128) -> tuple:
     """(block_n, num_warps, num_stages) for a launch of num_programs programs."""
     if element_size > 2:  # fp32 caches take half the tile to fit shared memory
         return 32, NUM_WARPS, 2
     if num_programs < FAT_TILE_BELOW * _num_sms(device):
-        return FAT_TILE
+        # Gemma's head_dim 256 doubles each K and V tile: two stages keep them in shared memory
+        return FAT_TILE if head_dim <= 128 else (*FAT_TILE[:2], 2)
     return BLOCK_N, NUM_WARPS, NUM_STAGES
 
 
@@ -203,7 +204,7 @@ def paged_attention_decode(
     block_g = max(16, triton.next_power_of_2(group))  # tl.dot wants M >= 16
     block_d = max(16, triton.next_power_of_2(head_dim))
     default_n, default_warps, default_stages = choose_tile(
-        num_seqs * num_kv_heads * num_splits, k_cache.element_size(), query.device)
+        num_seqs * num_kv_heads * num_splits, k_cache.element_size(), query.device, head_dim)
     if num_splits > 1:
         part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32,
                                device=query.device)

@@ -122,6 +122,10 @@ def default_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> d
     alternatives there); small tiles under the interpreter keep the CPU tests quick."""
     if device.type != "cuda":
         return dict(block_m=16, block_n=16, num_warps=1, num_stages=1)
+    if head_dim > 128:  # Gemma's 256: smaller tiles keep q, K and V within shared memory (not swept)
+        if dtype == torch.float32:
+            return dict(block_m=32, block_n=32, num_warps=4, num_stages=1)
+        return dict(block_m=64, block_n=32, num_warps=8, num_stages=2)
     if dtype == torch.float32:
         return dict(block_m=64, block_n=32, num_warps=4, num_stages=2)
     if head_dim <= 64:
