@@ -7,8 +7,8 @@
 #     correctness  e2e/gpu_correctness_families.py (Qwen3, Gemma 2 and Qwen3-MoE shapes), ~3 min
 #     pagoda       `pagoda bench throughput --workload W5`, ~3 min
 #     vllm         installs vLLM from /tmp/vparts (../shared/tools/vllm-peer/README.md: one device call
-#                  per part first), then e2e/w5_vllm_peer.py with the ratio to this call's Pagoda
-#                  result, ~5 min on a machine where vLLM has not compiled yet
+#                  per part first), then e2e/vllm_peer.py --workload W5, and the ratio to this
+#                  call's Pagoda result, ~5 min on a machine where vLLM has not compiled yet
 #
 # Needs e2e/gpu_env.sh's set-up (the carried .whl/) and PAGODA_COMMIT (the copy there has no .git).
 # SMOKE=1 runs the correctness stage on tiny shapes on the CPU (checks this script, no figures).
@@ -48,8 +48,11 @@ stage_vllm() {
     fi
     # vLLM's own FastAPI/pydantic: without Pagoda's /tmp/site; Pagoda's stdlib-only bench modules only.
     env PYTHONPATH=/tmp/vsite:/tmp/pagoda-src HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
-        timeout 480 python3 e2e/w5_vllm_peer.py --model "$model" --out "$OUT" \
-        ${pagoda_result:+--pagoda-result "$pagoda_result"}
+        timeout 480 python3 e2e/vllm_peer.py --workload W5 --model-dir "$model" --out "$OUT" || return 1
+    [ -z "$pagoda_result" ] && return 0
+    python3 -c 'import json, sys
+p, v = (json.load(open(f))["output_tokens_per_s"] for f in sys.argv[1:])
+print(f"W5: pagoda {p:.0f} tok/s, vllm {v:.0f} tok/s, ratio {p / v:.3f}")' "$pagoda_result" "$OUT/W5-vllm-seatsdefault.json"
 }
 
 for stage in "${STAGES[@]}"; do
