@@ -190,6 +190,7 @@ class EngineCore:
         before it runs, so the GPU never waits for it."""
         if self._in_flight is not None:  # launched ahead by the previous call
             (sched, pending), self._in_flight = self._in_flight, None
+            pending.sample()  # deferred (grammars): their matchers have the last tokens now
         else:
             sched = self.scheduler.schedule()
             if sched.is_empty():

@@ -30,6 +30,9 @@ class SchedulerOutput:
     # Scheduled ahead (see Scheduler.schedule_ahead): every request is one decode token past its
     # num_computed_tokens, and that token is the previous step's sample, still on the device.
     ahead: bool = False
+    # Ahead, with grammar rows: the forward runs at once, but sampling waits until the step before
+    # is read and the matchers have seen its tokens (EngineCore.step samples it then).
+    defer_sampling: bool = False
 
     @property
     def total_num_tokens(self) -> int:
@@ -125,8 +128,10 @@ class Scheduler:
             num_tokens = len(r.prompt_token_ids) + num_output
             if item.num_tokens != 1 or r.num_computed_tokens + 1 != num_tokens:
                 return None
-            if r.sampling_params.needs_history or r.grammar is not None:
-                return None  # its sampling reads tokens on the host: the history, or the grammar
+            if r.sampling_params.needs_history:
+                return None  # its sampling reads the tokens so far on the host
+            if r.grammar is not None:
+                nxt.defer_sampling = True  # its mask needs `current`'s token in its matcher
             if num_output + 1 >= r.max_tokens or num_tokens + 1 >= max_len:
                 continue  # `current` gives its last token (_reaches_length with one pending)
             scheduled.append(ScheduledRequest(r, 1))

@@ -7,6 +7,9 @@ the request stays in the waiting queue and holds no seat and no KV block (Schedu
 Then each step the sampler fills the request's row of a token bitmask from its matcher and masks
 the logits on the device; the scheduler feeds the sampled token back to the matcher, and a matcher
 that has terminated (it accepted a stop token at the end of the grammar) ends the request "stop".
+With async scheduling, a decode step with grammars is still launched ahead, but only its forward
+pass: its sampling is enqueued once the step before is read and its tokens are in the matchers
+(SchedulerOutput.defer_sampling), so the host's bitmask work overlaps the GPU's forward pass.
 
 The core holds no tokenizer: the frontend hands it xgrammar's TokenizerInfo, serialized, before
 the first structured request (init). A preempted request keeps its output tokens, and its matcher

@@ -51,8 +51,16 @@ class PendingStep:
     token_ids: torch.Tensor | None = None  # host tensor, complete once `done` has fired
     done: torch.cuda.Event | None = None
     device_token_ids: torch.Tensor | None = None  # the same ids on the device, for a step ahead
+    sample_later: object | None = None  # deferred sampling (SchedulerOutput.defer_sampling)
+
+    def sample(self) -> None:
+        """Enqueue a deferred sampling now; the matchers have seen the step before's tokens."""
+        if self.sample_later is not None:
+            sample_later, self.sample_later = self.sample_later, None
+            sample_later()
 
     def wait(self) -> ModelRunnerOutput:
+        self.sample()
         if self.token_ids is not None:
             if self.done is not None:
                 self.done.synchronize()
@@ -271,23 +279,34 @@ class ModelRunner:
             else:
                 rows = hidden[self.buffers.logits_indices[: len(to_sample)]]
             logits = self.model.compute_logits(rows)
-            tokens, logprobs = self.sampler.sample(logits, to_sample, pending=int(sched.ahead))
-            for r, lp in zip(to_sample, logprobs):
-                if lp is not None:
-                    out.logprobs[r.request_id] = lp
-            pending.requests, pending.device_token_ids = to_sample, tokens
-            turn = self.sampled_turn = self.sampled_turn ^ 1
-            done = self.sampled_done[turn]
-            if done is not None and tokens.is_cuda:
-                host = self.sampled_host[turn][: len(to_sample)]
-                host.copy_(tokens, non_blocking=True)
-                done.record()
-                pending.token_ids, pending.done = host, done
+            pending.requests = to_sample
+            if sched.defer_sampling:
+                # The previous step's tokens will be appended by then: none is pending any more.
+                pending.sample_later = lambda: self._sample(pending, logits, 0)
             else:
-                pending.token_ids = tokens.cpu()
+                self._sample(pending, logits, int(sched.ahead))
         for r, row, first, last in batch.prompt_rows:
             out.prompt_logprobs[r.request_id] = self._prompt_logprobs(hidden, r, row, first, last)
         return pending
+
+    @torch.inference_mode()  # a deferred sampling runs after launch() returned
+    def _sample(self, pending: PendingStep, logits: torch.Tensor, num_pending: int) -> None:
+        """Sample the step's rows and start the copy of their ids to the host."""
+        to_sample, out = pending.requests, pending.out
+        tokens, logprobs = self.sampler.sample(logits, to_sample, pending=num_pending)
+        for r, lp in zip(to_sample, logprobs):
+            if lp is not None:
+                out.logprobs[r.request_id] = lp
+        pending.device_token_ids = tokens
+        turn = self.sampled_turn = self.sampled_turn ^ 1
+        done = self.sampled_done[turn]
+        if done is not None and tokens.is_cuda:
+            host = self.sampled_host[turn][: len(to_sample)]
+            host.copy_(tokens, non_blocking=True)
+            done.record()
+            pending.token_ids, pending.done = host, done
+        else:
+            pending.token_ids = tokens.cpu()
 
     def _prompt_logprobs(
         self, hidden: torch.Tensor, r: Request, row: int, first: int, last: int

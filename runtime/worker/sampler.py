@@ -83,7 +83,9 @@ class Sampler:
         for: those are host lists), and each row's logprobs or None. pending: output tokens each
         request has in flight, not yet appended (1 for a step scheduled ahead)."""
         params = [r.sampling_params for r in requests]
-        grammar_rows = [i for i, r in enumerate(requests) if r.grammar is not None]
+        # A row whose request finished since it was scheduled (its grammar may have terminated) is
+        # dropped after sampling: it needs no mask.
+        grammar_rows = [i for i, r in enumerate(requests) if r.grammar is not None and not r.is_finished]
         if grammar_rows:
             self._apply_grammars(logits, requests, grammar_rows)
         logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
@@ -116,7 +118,8 @@ class Sampler:
     def _apply_grammars(self, logits: torch.Tensor, requests: list[Request], rows: list[int]) -> None:
         """Mask, in place and on the logits' device, every token the row's grammar forbids next.
         The bitmask is filled on the host from the matchers (the forward pass is already queued
-        on the GPU meanwhile) and sent in one copy."""
+        on the GPU meanwhile) and sent in one copy. The host buffer is reused: the step that last
+        used it was read back before this one's matchers could see its tokens, so its copy is done."""
         import xgrammar as xgr
 
         dev = logits.device
@@ -136,9 +139,7 @@ class Sampler:
         logits[index] = sub
 
     def _bitmask_rows(self, n: int, device: torch.device) -> torch.Tensor:
-        """n rows of a host bitmask kept across steps (pinned for CUDA, so its copy is asynchronous).
-        Reusing it is safe: a step with grammars is never scheduled ahead, so the previous step's
-        copy finished before its sampled ids were read."""
+        """n rows of a host bitmask kept across steps (pinned for CUDA, so its copy is asynchronous)."""
         if self._bitmask is None or self._bitmask.shape[0] < n:
             width = -(-self.vocab_size // 32)
             self._bitmask = torch.empty((max(n, 64), width), dtype=torch.int32, pin_memory=device.type == "cuda")
