@@ -31,13 +31,15 @@ def test_a_standby_replica_takes_over_when_the_leader_dies(kube, operator, tmp_p
     leader = Operator(kubeconfig=kubeconfig, log=tmp_path / "leader.log", args=("--peering", PEERING, "--priority", "2"))
     standby = Operator(kubeconfig=kubeconfig, log=tmp_path / "standby.log", args=("--peering", PEERING, "--priority", "1"))
     try:
+        # kopf starts each replica paused and lets it work once the peering object shows nobody
+        # above it. The leader is up first (as a running operator is when a replica is added): a
+        # replica that starts before any keep-alive is written works until it sees one.
         leader.start()
+        wait_for(lambda: "Resuming operations" in leader.log.read_text(errors="replace"), "the leader to work")
+        wait_for(lambda: len(peers(kube)) == 1, "the leader's keep-alive")
         standby.start()
         live = wait_for(lambda: (p := peers(kube)) and len(p) == 2 and p, "both replicas in the peering object")
         assert sorted(p["priority"] for p in live.values()) == [1, 2]
-        # kopf starts each replica paused and lets it work only once the peering object shows it
-        # ranks first: the leader resumes, the standby stays paused.
-        wait_for(lambda: "Resuming operations" in leader.log.read_text(errors="replace"), "the leader to work")
 
         kube.apply(modelserver("ha-first", ns))
         wait_for(ready(kube, "ha-first", ns), "ha-first Ready, by the leader")
