@@ -17,7 +17,7 @@ $(PY):
 # would pull a CUDA build of several GB.
 $(STAMP): $(PY) pyproject.toml setup.py
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[runtime,operator,router,test]'
+	$(PIP) install -q -e '.[runtime,bench,operator,router,test]'
 	touch $(STAMP)
 
 install: $(STAMP)

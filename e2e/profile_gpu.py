@@ -43,9 +43,11 @@ class StepRecorder:
     """Wraps one engine's step and runner.launch with timers; `summary()` folds the records."""
 
     def __init__(self, engine):
+        """engine: an LLMEngine or an EngineCore (whose executor's runner is the one timed)."""
         self.engine, self.records = engine, []
-        self.orig_step, self.orig_launch = engine.step, engine.runner.launch
-        engine.step, engine.runner.launch = self._step, self._launch
+        runner = engine.executor.runner if hasattr(engine, "executor") else engine.runner
+        self.orig_step, self.orig_launch = engine.step, runner.launch
+        engine.step, runner.launch = self._step, self._launch
 
     def _launch(self, sched, kv, *previous):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

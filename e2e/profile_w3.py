@@ -44,7 +44,7 @@ class HostStages:
 
     def __init__(self, engine: EngineCore):
         self.totals: dict[str, float] = {}
-        sched, runner = engine.scheduler, engine.runner
+        sched, runner = engine.scheduler, engine.executor.runner
         for obj, name in ((sched, "schedule"), (sched, "schedule_ahead"), (sched, "update_from_output"),
                           (engine, "_outputs")):
             setattr(obj, name, self._timed(name, getattr(obj, name)))

@@ -43,11 +43,11 @@ def step_ahead_first(self, overlap=None):
             if overlap is not None:
                 overlap()
             return []
-        pending = self.runner.launch(sched, self.kv_cache_manager)
+        pending = self.executor.launch(sched, self.kv_cache_manager)
     if self.async_scheduling:
         ahead = self.scheduler.schedule_ahead(sched)
         if ahead is not None:
-            self._in_flight = (ahead, self.runner.launch(ahead, self.kv_cache_manager, pending))
+            self._in_flight = (ahead, self.executor.launch(ahead, self.kv_cache_manager, pending))
     if overlap is not None:
         overlap()
     result = pending.wait()

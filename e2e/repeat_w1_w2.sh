@@ -5,7 +5,7 @@
 #   e2e/repeat_w1_w2.sh OUT_DIR [REPEATS]
 #
 # Runs REPEATS (default 3) W1 and W2 with the defaults, then W1 with a 32k token budget and W2 with
-# rotary and the KV write as two kernels (PAGODA_FUSED_ROPE_KV=0). The ratios to the transformers
+# rotary and the KV write as two kernels (--no-fused-rope-kv). The ratios to the transformers
 # peer use the peer results committed in e2e/results (W1_PEER, W2_PEER), measured on the same GPU
 # type. Then summary.json: every figure, with the median of the default runs.
 set -uo pipefail
@@ -34,7 +34,7 @@ w2() {
 
 for _ in $(seq "$REPEATS"); do w1 "$OUT/default"; w2 "$OUT/default"; done
 w1 "$OUT/ab" --max-num-batched-tokens 32768
-PAGODA_FUSED_ROPE_KV=0 w2 "$OUT/ab"
+w2 "$OUT/ab" --no-fused-rope-kv
 
 "$PY" - "$OUT" <<'PY'
 import json, pathlib, statistics, sys

@@ -6,8 +6,6 @@ Triton modules are imported on first CUDA use, so CPU-only processes never load 
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
@@ -91,9 +89,9 @@ def rotary_embedding(positions, query, key, cos_sin_cache, inplace: bool = False
     return rotary_embedding_ref(positions, query, key, cos_sin_cache)
 
 
-# PAGODA_FUSED_ROPE_KV=0 (read at import) runs rotary and the cache write as two kernels, so a
-# benchmark can compare the two.
-FUSED_ROPE_KV = os.environ.get("PAGODA_FUSED_ROPE_KV", "1") != "0"
+# False runs rotary and the cache write as two kernels, so a benchmark can compare the two (the
+# engine's --no-fused-rope-kv, installed by configure()).
+FUSED_ROPE_KV = True
 
 
 def rotary_kv_cache(positions, query, key, value, cos_sin_cache, k_cache, v_cache, slot_mapping):
@@ -127,10 +125,17 @@ def gelu_tanh_and_mul(x):
 
 GEMV_MAX_ROWS = 4
 # At a few rows a linear layer is a weight stream, and the Triton GEMV streams faster than
-# cuBLAS's small-M tiles; PAGODA_GEMV=0 (read at import) or GEMV_ENABLED = False keeps cuBLAS, so
-# a benchmark can compare the two.
-GEMV_ENABLED = os.environ.get("PAGODA_GEMV", "1") != "0"
+# cuBLAS's small-M tiles; GEMV_ENABLED = False (the engine's --no-enable-gemv, installed by
+# configure()) keeps cuBLAS, so a benchmark can compare the two.
+GEMV_ENABLED = True
 _GEMV_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def configure(enable_gemv: bool = True, fused_rope_kv: bool = True) -> None:
+    """Install the engine's kernel choices; the model runner calls it once, when it starts (each
+    tensor-parallel worker too), before any kernel runs."""
+    global GEMV_ENABLED, FUSED_ROPE_KV
+    GEMV_ENABLED, FUSED_ROPE_KV = enable_gemv, fused_rope_kv
 
 
 def _use_gemv(x, weight, bias=None) -> bool:

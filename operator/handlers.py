@@ -20,13 +20,13 @@ from kubernetes.client.exceptions import ApiException
 
 from pagoda.operator import spec as s
 from pagoda.operator.builders.meta import LABEL_MODELSERVER, MANAGED_BY
-from pagoda.operator.config import OperatorConfig
+from pagoda.operator.config import current_config
 from pagoda.operator.k8s import Cluster
 from pagoda.operator.reconcile import cleanup, reconcile
 from pagoda.operator.status import changed
 
 # Read at import, because a kopf timer's interval is fixed when it is registered.
-RESYNC_SECONDS = OperatorConfig.from_env().resync_seconds
+RESYNC_SECONDS = current_config().resync_seconds
 CHILD_LABELS = {LABEL_MODELSERVER: kopf.PRESENT, "app.kubernetes.io/managed-by": MANAGED_BY}
 AUTOSCALER_TIMER = "pagoda.operator.autoscaler.timer"
 
@@ -47,7 +47,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # standby takes over (keep-alives go every 5 to 10 s; kopf's default is a minute).
     settings.peering.lifetime = 15
     if getattr(memo, "config", None) is None:
-        memo.config = OperatorConfig.from_env()
+        memo.config = current_config()
     if getattr(memo, "cluster", None) is None:
         memo.cluster = Cluster.from_environment(timeout=memo.config.api_timeout_seconds)
 

@@ -47,16 +47,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # The handlers module reads these at import (a kopf timer's interval is fixed when registered).
-    if args.runtime_image:
-        os.environ["PAGODA_RUNTIME_IMAGE"] = args.runtime_image
-    if args.resync_seconds:
-        os.environ["PAGODA_RESYNC_SECONDS"] = str(args.resync_seconds)
+    from pagoda.operator import config
+
+    settings = config.OperatorConfig.from_env().with_overrides(
+        runtime_image=args.runtime_image, resync_seconds=args.resync_seconds
+    )
+    # Before the handlers' import: kopf fixes their timers' intervals when they are registered.
+    config.install(settings)
 
     import kopf
 
     import pagoda.operator.handlers  # noqa: F401 - registers the handlers
-    from pagoda.operator.config import OperatorConfig
 
     kopf.configure(verbose=args.verbose, debug=args.debug)
     kopf.run(
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         standalone=args.peering is None,
         peering_name=args.peering,
         priority=(args.priority if args.priority is not None else startup_priority()) if args.peering else None,
-        memo=kopf.Memo(config=OperatorConfig.from_env()),
+        memo=kopf.Memo(config=settings),
     )
     return 0
 

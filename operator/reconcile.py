@@ -142,7 +142,7 @@ def _load_cache(
     return cache, LoaderStatus(), plan, "ready", f"{uri} is loaded"
 
 
-def autoscaler_objects(ms: ModelServer) -> list[dict] | None:
+def autoscaler_objects(ms: ModelServer, config: OperatorConfig) -> list[dict] | None:
     """The autoscaler's HPA / ScaledObject manifests, or None while that module does not exist."""
     try:
         module = importlib.import_module(AUTOSCALER_HOOK)
@@ -150,7 +150,7 @@ def autoscaler_objects(ms: ModelServer) -> list[dict] | None:
         if exc.name and AUTOSCALER_HOOK.startswith(exc.name):
             return None
         raise
-    objects = list(module.build_autoscaler(ms) or [])
+    objects = list(module.build_autoscaler(ms, config) or [])
     for obj in objects:
         obj["metadata"].setdefault("namespace", ms.namespace)
         obj["metadata"].setdefault("ownerReferences", [meta.owner_reference(ms)])
@@ -158,8 +158,8 @@ def autoscaler_objects(ms: ModelServer) -> list[dict] | None:
     return objects
 
 
-def _apply_autoscaler(cluster: Cluster, ms: ModelServer, events: list) -> None:
-    objects = autoscaler_objects(ms)
+def _apply_autoscaler(cluster: Cluster, config: OperatorConfig, ms: ModelServer, events: list) -> None:
+    objects = autoscaler_objects(ms, config)
     if objects is None:
         return
     wanted = {(o["kind"], o["metadata"]["name"]) for o in objects}
@@ -262,7 +262,7 @@ def reconcile(cluster: Cluster, config: OperatorConfig, body, now: datetime | No
     if state == "ready":
         deployment, rejected = _apply_serving(cluster, config, ms, cache.path, events)
         if rejected is None:
-            _apply_autoscaler(cluster, ms, events)
+            _apply_autoscaler(cluster, config, ms, events)
     elif cache.ready:  # a reload is under way: the old Deployment keeps serving
         deployment = _follow_replicas(cluster, ms, cluster.get("Deployment", ms.namespace, ms.name))
 

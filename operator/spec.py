@@ -15,9 +15,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from pagoda.operator.model_uri import HF_PATTERN, PARENT, PVC_PATTERN
 from pagoda.operator.schema_base import Model
 from pagoda.operator.status_schema import ModelServerStatus
+from pagoda.runtime.model_uri import HF_PATTERN, PARENT, PVC_PATTERN
 
 GROUP = "pagoda.dev"
 VERSION = "v1alpha1"

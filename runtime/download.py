@@ -6,7 +6,8 @@
 
 A marker file (`.pagoda-download.json`) is written last, so a folder with the marker is complete: a
 retried Job skips the download, and a half-finished one is resumed by snapshot_download.
-Imports no torch.
+Imports no torch, and nothing of the operator: the URI spelling lives in the runtime
+(runtime/model_uri.py), which the operator imports for its volume layout.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from pagoda.operator.model_uri import ModelURI
+from pagoda.runtime.model_uri import ModelURI
 
 MARKER = ".pagoda-download.json"
 # What the runtime reads: config, safetensors shards and index, tokenizer files, chat templates.

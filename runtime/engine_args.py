@@ -1,55 +1,236 @@
-"""EngineArgs: every knob the engine takes, shared by `LLM(...)` and `pagoda serve`."""
+"""EngineArgs: every engine knob, once, with its type, default, help and vLLM's flag name.
+
+Everything else derives from the fields here: the `pagoda serve` and `pagoda bench` flags
+(add_cli_args / from_cli_args), `LLM(**kwargs)` (an unknown keyword is a TypeError naming it and its
+close matches), `pagoda plan`, and the operator's flag builder (to_cli_flags). Where a knob
+exists in vLLM it takes vLLM's flag name and form: booleans are `--x` / `--no-x`, `--dtype half`,
+`--max-model-len 32k`. Standard library only: the operator image imports this and has no torch.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import argparse
+import difflib
+import inspect
+import re
+from dataclasses import MISSING, dataclass, field, fields
+
+DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+
+
+def human_int(value: str) -> int:
+    """vLLM's readable integers (its human_readable_int): '32k' = 32000 and '1.5k' = 1500 (k, m, g, t
+    decimal), '32K' = 32768 (K, M, G, T binary, whole numbers only), or a plain integer."""
+    text = str(value).strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgtKMGT])", text)
+    if match is None:
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a whole number like 4096, 32k or 32K") from None
+    number, suffix = match.groups()
+    if suffix.islower():
+        return int(float(number) * 1000 ** ("kmgt".index(suffix) + 1))
+    if "." in number:
+        raise argparse.ArgumentTypeError(f"{value!r}: no decimals with the binary suffix {suffix} "
+                                         f"(did you mean {number}{suffix.lower()}?)")
+    return int(number) * 1024 ** ("KMGT".index(suffix) + 1)
+
+
+def model_len(value: str) -> int | None:
+    """--max-model-len: a human_int, or 'auto' / -1 for the model's own limit (None), as in vLLM."""
+    if str(value).strip() in ("auto", "-1"):
+        return None
+    return human_int(value)
+
+
+def knob(default, help: str, *, type=None, choices=None, flag: str | None = None, aliases=(),
+         nargs=None, metavar=None, cli: bool = True, negatable: bool = True):
+    """A field of EngineArgs, described for the command line. flag: the name when it differs from
+    the field's (`--x-y` for x_y); cli=False: set by code only (never a flag); negatable=False: a
+    boolean that is a plain switch (`--disable-log-stats`, no `--no-disable-log-stats`)."""
+    meta = dict(help=help, type=type, choices=choices, flag=flag, aliases=tuple(aliases), nargs=nargs,
+                metavar=metavar, cli=cli, negatable=negatable)
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass(slots=True)
 class EngineArgs:
-    model: str
-    tokenizer: str | None = None
-    revision: str | None = None
-    dtype: str = "auto"
-    device: str = "auto"
-    max_model_len: int | None = None
-    block_size: int = 16
-    gpu_memory_utilization: float = 0.9
-    num_kv_blocks: int | None = None
-    # None: 1024 on a GPU of 70 GiB or more, else 256 (vLLM's defaults; see default_max_num_seqs).
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    enable_prefix_caching: bool = True
-    seed: int = 0
-    load_format: str = "auto"
-    enforce_eager: bool = False
-    served_model_name: str | None = None
-    chat_template: str | None = None
-    tensor_parallel_size: int = 1  # ranks (GPUs) one model is split over; see runtime/worker/distributed/
+    model: str = field(metadata=dict(help="a checkpoint folder (config.json, *.safetensors, tokenizer files) "
+                                          "or a Hugging Face model id", type=str, cli=False))
+    tokenizer: str | None = knob(None, "tokenizer folder or Hub id (default: the model's own)", type=str)
+    revision: str | None = knob(None, "Hub revision (branch, tag or commit) of the model and tokenizer",
+                                type=str)
+    dtype: str = knob("auto", "weight and activation dtype; half = float16 (default: auto, from config.json)",
+                      type=str, choices=DTYPES)
+    device: str = knob("auto", "auto (CUDA when available), cuda, cuda:N or cpu", type=str)
+    max_model_len: int | None = knob(None, "longest sequence, prompt plus output, in tokens; 32k = 32000, "
+                                           "32K = 32768 (default: auto, from config.json)", type=model_len)
+    block_size: int = knob(16, "tokens per KV-cache block", type=int)
+    gpu_memory_utilization: float = knob(0.9, "fraction of GPU memory for weights, activations and the KV "
+                                              "cache", type=float)
+    num_kv_blocks: int | None = knob(None, "KV-cache blocks to allocate, overriding the memory arithmetic",
+                                     type=int)
+    max_num_seqs: int | None = knob(None, "most sequences in one batch (default: 1024 on a GPU of 70 GiB "
+                                          "or more, else 256)", type=int)
+    max_num_batched_tokens: int | None = knob(None, "most tokens in one step, prefill and decode together "
+                                                    "(default: 16k offline on big GPUs, else 8k)", type=human_int)
+    enable_prefix_caching: bool = knob(True, "reuse cached KV blocks of shared prompt prefixes", type=bool)
+    seed: int = knob(0, "engine random seed", type=int)
+    load_format: str = knob("auto", "weights from safetensors files, or 'dummy' random weights", type=str,
+                            choices=LOAD_FORMATS)
+    enforce_eager: bool = knob(False, "do not capture CUDA graphs", type=bool)
+    served_model_name: list[str] | None = knob(None, "model name(s) the API accepts and reports (default: "
+                                                     "the model argument)", type=str, nargs="+", metavar="NAME")
+    chat_template: str | None = knob(None, "a Jinja chat template, or a file holding one (default: the "
+                                           "tokenizer's own)", type=str)
+    generation_config: str = knob("auto", "sampling defaults: 'auto' reads the model's generation_config.json, "
+                                          "'vllm' uses none, a folder reads its generation_config.json; a "
+                                          "request's own values win", type=str)
+    tensor_parallel_size: int = knob(1, "split the model over N GPUs of this host, one process per GPU (N "
+                                        "must divide the attention heads; on --device cpu, N gloo ranks)",
+                                     type=int, aliases=("-tp",), metavar="N")
+    async_scheduling: bool = knob(True, "launch the next decode step before reading this one's tokens",
+                                  type=bool)
+    max_logprobs: int = knob(20, "most logprobs (and prompt_logprobs) one request may ask for", type=int)
+    disable_log_stats: bool = knob(False, "do not log the engine's throughput and queue every few seconds",
+                                   type=bool, negatable=False)
+    enable_log_requests: bool = knob(False, "log each request as it arrives, with its sampling parameters",
+                                     type=bool)
+    # Kernel choices, installed once when the runner starts (pagoda.kernels.ops.configure).
+    enable_gemv: bool = knob(True, "Triton GEMV for linear layers at 1-4 rows where it beats cuBLAS",
+                             type=bool)
+    fused_rope_kv: bool = knob(True, "rotary embedding fused with the KV-cache write (one kernel)", type=bool)
+    tp_start_timeout_s: float = knob(1800.0, "seconds tensor-parallel workers may take to load their shards",
+                                     type=float, flag="--tp-start-timeout", metavar="SECONDS")
     # Who drives the engine: "llm_class" (offline batches, `LLM`) or "api_server" (`pagoda serve`).
     # It picks defaults that favour throughput or latency, as vLLM's usage context does.
-    usage_context: str = "api_server"
-    # Launch the next decode step before reading this one's tokens (vLLM's async scheduling).
-    async_scheduling: bool = True
-    max_logprobs: int = 20
+    usage_context: str = knob("api_server", "llm_class or api_server", type=str, cli=False)
     # JSON outputs without free whitespace between tokens unless a request says otherwise (vLLM's
     # structured_outputs_config.disable_any_whitespace): weak models can fill a JSON with spaces.
-    structured_outputs_disable_any_whitespace: bool = False
+    structured_outputs_disable_any_whitespace: bool = knob(
+        False, "JSON structured outputs (response_format, structured_outputs.json) allow no free whitespace "
+        "between tokens, unless a request asks for it (default: free whitespace)", type=bool,
+        flag="--structured-outputs-config.disable_any_whitespace",
+        aliases=("--structured-outputs-disable-any-whitespace",), negatable=False)
 
     def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.max_num_seqs is not None and self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
-        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        for name in ("max_num_seqs", "num_kv_blocks", "max_num_batched_tokens", "max_model_len"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.max_logprobs < 0:
+            raise ValueError(f"max_logprobs must be >= 0, got {self.max_logprobs}")
         if self.usage_context not in ("llm_class", "api_server"):
             raise ValueError(f"usage_context must be llm_class or api_server; got {self.usage_context!r}")
-        if self.load_format not in ("auto", "safetensors", "dummy"):
-            raise ValueError(f"load_format must be one of auto, safetensors, dummy; got {self.load_format!r}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}; got {self.load_format!r}")
+        if isinstance(self.served_model_name, str):
+            self.served_model_name = [self.served_model_name]
+
+    # ---- the command line -------------------------------------------------------------------
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None,
+                     defaults: dict | None = None) -> None:
+        """Add a flag for each knob (or for those named in `only`), with `defaults` overriding."""
+        defaults = defaults or {}
+        for f in fields(cls):
+            meta = f.metadata
+            if not meta.get("cli", True) or (only is not None and f.name not in only):
+                continue
+            default = defaults.get(f.name, f.default if f.default is not MISSING else None)
+            names = [flag_name(f), *meta["aliases"]]
+            text = re.sub(r" \(default: [^)]*\)$", "", meta["help"]) if f.name in defaults else meta["help"]
+            shown = "" if default in (None, []) or "(default:" in text else f" (default: {_format(default)})"
+            if meta["type"] is bool and not meta["negatable"]:
+                parser.add_argument(*names, dest=f.name, action="store_true", default=default, help=text)
+                continue
+            if meta["type"] is bool:
+                parser.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
+                                    help=text + shown)
+                continue
+            parser.add_argument(*names, dest=f.name, type=meta["type"], default=default, choices=meta["choices"],
+                                nargs=meta["nargs"], metavar=meta["metavar"], help=text + shown)
+
+    @classmethod
+    def from_cli_args(cls, namespace: argparse.Namespace, **overrides) -> EngineArgs:
+        """The EngineArgs a parsed command line gives (knobs it has no flag for keep their default)."""
+        values = {f.name: getattr(namespace, f.name) for f in fields(cls) if hasattr(namespace, f.name)}
+        return cls(**(values | overrides))
+
+
+def check_names(kwargs: dict) -> None:
+    """A TypeError naming each keyword EngineArgs has no field for, with its close matches (a typo
+    in LLM(max_num_seq=...) says which knob was meant)."""
+    names = [f.name for f in fields(EngineArgs)]
+    unknown = [k for k in kwargs if k not in names]
+    if unknown:
+        hints = []
+        for k in unknown:
+            close = difflib.get_close_matches(k, names, n=3, cutoff=0.6)
+            hints.append(f"{k!r}" + (f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""))
+        raise TypeError(f"unknown engine argument{'s' if len(unknown) > 1 else ''}: {', '.join(hints)}")
+
+
+_dataclass_init = EngineArgs.__init__
+
+
+def _init(self, *args, **kwargs) -> None:
+    check_names(kwargs)
+    _dataclass_init(self, *args, **kwargs)
+
+
+_init.__signature__ = inspect.signature(_dataclass_init)
+EngineArgs.__init__ = _init  # the dataclass's own, after the check
+
+
+def cli_knobs(skip: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The names of the knobs that have a flag, less `skip`."""
+    return tuple(f.name for f in fields(EngineArgs) if f.metadata.get("cli", True) and f.name not in skip)
+
+
+def flag_name(f) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def to_cli_flags(values: dict) -> list[str]:
+    """`pagoda serve` flags for these knob values (the operator's flag builder); None is left out."""
+    by_name = {f.name: f for f in fields(EngineArgs)}
+    unknown = [k for k in values if k not in by_name or not by_name[k].metadata.get("cli", True)]
+    if unknown:
+        raise KeyError(f"not engine flags: {', '.join(unknown)}")
+    flags: list[str] = []
+    for name, value in values.items():
+        if value is None:
+            continue
+        f = by_name[name]
+        flag = flag_name(f)
+        if f.metadata["type"] is bool and not f.metadata["negatable"]:
+            if not value and f.default:
+                raise ValueError(f"{flag} is a switch that is on by default: it cannot be turned off")
+            flags += [flag] if value else []
+        elif f.metadata["type"] is bool:
+            flags.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, (list, tuple)):
+            flags += [flag, *map(str, value)]
+        else:
+            flags += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    return flags
+
+
+def _format(value) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)

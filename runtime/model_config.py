@@ -130,6 +130,33 @@ def _derive_max_model_len(cfg: dict, requested: int | None) -> int:
     return requested
 
 
+# generation_config.json keys that become sampling defaults, and their SamplingParams names (vLLM's set).
+GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                       "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
+
+
+def generation_defaults(generation_config: str, model_path: Path) -> dict:
+    """Sampling defaults from generation_config.json, as vLLM's --generation-config reads them:
+    'auto' from the model's folder, 'vllm' none, any other value a folder holding the file. A
+    request's own values win over these."""
+    if generation_config == "vllm":
+        return {}
+    folder = Path(model_path) if generation_config == "auto" else Path(generation_config)
+    gen = folder / "generation_config.json"
+    if not gen.is_file():
+        if generation_config != "auto":
+            raise ValueError(f"--generation-config {generation_config}: no generation_config.json in that folder")
+        return {}
+    from transformers import GenerationConfig
+
+    # As vLLM reads it: transformers' diff against its own GenerationConfig() defaults.
+    values = GenerationConfig.from_pretrained(folder).to_diff_dict()
+    defaults = {ours: values[theirs] for theirs, ours in GENERATION_DEFAULTS.items() if values.get(theirs) is not None}
+    if defaults:
+        logger.info("sampling defaults from %s: %s (a request's own values win)", gen, defaults)
+    return defaults
+
+
 def _generation_eos_ids(path: Path, cfg: dict) -> list[int]:
     ids = cfg.get("eos_token_id")
     gen = path / "generation_config.json"

@@ -16,16 +16,15 @@ from pathlib import Path
 GIB = 1024**3
 
 
+PLAN_KNOBS = ("gpu_memory_utilization", "max_model_len", "dtype", "block_size")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from pagoda.runtime.engine_args import EngineArgs
+
     p.add_argument("model", help="checkpoint folder holding config.json, or the config.json file itself (no weights needed)")
     p.add_argument("--gpu-memory-gib", type=float, required=True, help="memory of one GPU, in GiB")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                   help="fraction of GPU memory the engine may use (default: 0.9)")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="longest sequence in tokens (default: from config.json)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float16", "bfloat16", "float32"],
-                   help="weight and KV dtype (default: auto, from config.json)")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
+    EngineArgs.add_cli_args(p, only=PLAN_KNOBS)  # the same flags, defaults and help as `pagoda serve`'s
     p.add_argument("--activation-gib", type=float, default=0.0,
                    help="memory to reserve for peak activations, in GiB (default: 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object (for the operator)")

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata as md
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -127,3 +129,48 @@ def test_operator_code_imports_only_what_the_operator_extra_installs():
     code = "import sys, pagoda.operator.handlers, pagoda.operator.main; assert 'torch' not in sys.modules"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def _imports(folder: Path) -> set[str]:
+    """Every absolute module name imported anywhere under folder (top-level or inside functions)."""
+    names = set()
+    for path in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module)
+    return names
+
+
+def test_runtime_never_imports_the_operator():
+    """The runtime image runs `pagoda download` and `pagoda serve`; the operator depends on the
+    runtime (EngineArgs, model URIs), never the other way round."""
+    offending = {name for name in _imports(ROOT / "runtime") if name.split(".")[:2] == ["pagoda", "operator"]}
+    assert not offending, offending
+
+
+def test_serving_image_needs_no_matplotlib():
+    """Dockerfile.runtime installs the runtime and router extras; matplotlib comes only with `bench`."""
+    extras = re.search(r'pip install "\.\[([a-z,]+)\]"', (ROOT / "Dockerfile.runtime").read_text())
+    assert extras, "Dockerfile.runtime no longer installs '.[...]' as this test expects"
+    own = [Requirement(r) for r in md.distribution("pagoda").requires or []]
+    assert "matplotlib" not in _closure(own, set(extras[1].split(",")))
+    assert "matplotlib" in _closure(own, {"bench"})
+    # And what the image runs imports matplotlib at no module's top level.
+    code = ("import sys, pagoda.runtime.frontend.server.app, pagoda.runtime.tools.bench.results, "
+            "pagoda.runtime.tools.bench.throughput, pagoda.runtime.tools.bench.latency; "
+            "assert 'matplotlib' not in sys.modules")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_bench_result_without_matplotlib_writes_the_json(tmp_path, monkeypatch):
+    from pagoda.runtime.tools.bench.results import write_result
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    called = []
+    paths = write_result({"workload": "w1", "backend": "pagoda", "tokens_per_s": 1.0}, tmp_path,
+                         plot=lambda record, png: called.append(png))
+    assert paths["png"] is None and not called
+    assert json.loads(Path(paths["json"]).read_text())["tokens_per_s"] == 1.0

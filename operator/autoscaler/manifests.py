@@ -9,13 +9,13 @@ or `kubectl scale`), so no two writers fight over Deployment.spec.replicas.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
 from pagoda.operator.autoscaler.metrics import HPA_WAITING, WAITING
 from pagoda.operator.autoscaler.policy import ScalingParams
 from pagoda.operator.builders import meta
+from pagoda.operator.config import OperatorConfig, current_config
 from pagoda.operator.spec import ModelServer
 from pagoda.router.metrics import IN_FLIGHT as ROUTER_IN_FLIGHT
 from pagoda.router.metrics import QUEUE_DEPTH as ROUTER_QUEUE_DEPTH
@@ -25,21 +25,20 @@ from pagoda.router.metrics import QUEUE_DEPTH as ROUTER_QUEUE_DEPTH
 HPA_METRIC = HPA_WAITING
 PROMETHEUS_METRIC = WAITING
 AUTOSCALER_COMPONENT = "autoscaler"
-# Where KEDA finds Prometheus: spec.scaling.prometheusAddress once the CRD has such a field, else
-# the operator's $PAGODA_PROMETHEUS_ADDRESS, else this in-cluster default (prometheus-operator's).
-DEFAULT_PROMETHEUS_ADDRESS = "http://prometheus-operated.monitoring.svc:9090"
-PROMETHEUS_ADDRESS_ENV = "PAGODA_PROMETHEUS_ADDRESS"
 
 # Kubernetes' own limits on HPA behavior fields.
 MAX_STABILIZATION_SECONDS = 3600
 MAX_PERIOD_SECONDS = 1800
 
 
-def build_autoscaler(modelserver_body: ModelServer | Mapping[str, Any]) -> list[dict[str, Any]]:
+def build_autoscaler(
+    modelserver_body: ModelServer | Mapping[str, Any], config: OperatorConfig | None = None
+) -> list[dict[str, Any]]:
     """The objects the scaling mode needs: [] (operator), [HorizontalPodAutoscaler] or [ScaledObject].
 
     Takes the ModelServer as the reconcile holds it, or as a raw body (dict or kopf Body).
     """
+    config = config or current_config()
     ms = (
         modelserver_body
         if isinstance(modelserver_body, ModelServer)
@@ -51,7 +50,7 @@ def build_autoscaler(modelserver_body: ModelServer | Mapping[str, Any]) -> list[
     if mode == "hpa":
         return [build_hpa(ms)]
     if mode == "keda":
-        return [build_scaled_object(ms)]
+        return [build_scaled_object(ms, config)]
     raise ValueError(f"unknown scaling mode {mode!r}; expected operator, hpa or keda")
 
 
@@ -83,9 +82,9 @@ def build_hpa(ms: ModelServer) -> dict[str, Any]:
     }
 
 
-def build_scaled_object(ms: ModelServer) -> dict[str, Any]:
+def build_scaled_object(ms: ModelServer, config: OperatorConfig | None = None) -> dict[str, Any]:
     params = ScalingParams.from_model(ms)
-    address = prometheus_address(ms)
+    address = prometheus_address(ms, config or current_config())
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
@@ -148,13 +147,10 @@ def keda_query(ms: ModelServer) -> str:
     return f"sum({PROMETHEUS_METRIC}{{{labels}}})"
 
 
-def prometheus_address(ms: ModelServer) -> str:
-    """spec.scaling.prometheusAddress if the CRD has it, else $PAGODA_PROMETHEUS_ADDRESS, else a default."""
-    return (
-        getattr(ms.spec.scaling, "prometheus_address", None)
-        or os.environ.get(PROMETHEUS_ADDRESS_ENV)
-        or DEFAULT_PROMETHEUS_ADDRESS
-    )
+def prometheus_address(ms: ModelServer, config: OperatorConfig) -> str:
+    """Where KEDA finds Prometheus: spec.scaling.prometheusAddress once the CRD has such a field,
+    else the operator's (OperatorConfig.prometheus_address)."""
+    return getattr(ms.spec.scaling, "prometheus_address", None) or config.prometheus_address
 
 
 def _behavior(params: ScalingParams) -> dict[str, Any]:

@@ -2,21 +2,17 @@
 
 `pagoda router` exports, per ModelServer (label model_server="namespace/name"), the requests it
 holds because no replica is ready, and those in flight to a replica. The chart points the operator
-at the router with $PAGODA_ROUTER_METRICS_URL; without it, or when the router does not answer,
+at the router with $PAGODA_ROUTER_METRICS_URL (OperatorConfig.router_metrics_url); without it, or when the router does not answer,
 the autoscaler knows nothing of the router (None) and never takes the last replica away.
 """
 
 from __future__ import annotations
-
-import os
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from pagoda.operator.autoscaler.policy import RouterLoad
 from pagoda.router.metrics import IN_FLIGHT, QUEUE_DEPTH
-
-ROUTER_METRICS_URL_ENV = "PAGODA_ROUTER_METRICS_URL"
 
 
 def parse_router_queues(text: str) -> dict[str, RouterLoad]:
@@ -31,10 +27,9 @@ def parse_router_queues(text: str) -> dict[str, RouterLoad]:
     return {key: RouterLoad(held=f[QUEUE_DEPTH], in_flight=f[IN_FLIGHT]) for key, f in sums.items()}
 
 
-async def router_load(key: str, timeout: float, url: str | None = None) -> RouterLoad | None:
+async def router_load(key: str, timeout: float, url: str | None) -> RouterLoad | None:
     """This ModelServer's RouterLoad; zero when the router answers without it (it never saw a
     request for it), None when no router is configured or it does not answer."""
-    url = url or os.environ.get(ROUTER_METRICS_URL_ENV)
     if not url:
         return None
     try:

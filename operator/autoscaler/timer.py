@@ -11,14 +11,14 @@ Status gets desiredReplicas, waitingRequests, lastScaleTime, the figures behind 
 `autoscaling`, and a ScalingActive condition with the policy's reason. Each change posts an Event.
 
 handlers.py imports this module, and the import registers the timer. kopf fixes a timer's interval
-at registration, so the timer ticks every PAGODA_AUTOSCALER_TICK_SECONDS (default 1) and each
-ModelServer acts only once its own spec.scaling.scrapeIntervalSeconds has passed.
+at registration, so the timer ticks every OperatorConfig.autoscaler_tick_seconds (default 1, from
+$PAGODA_AUTOSCALER_TICK_SECONDS) and each ModelServer acts only once its own
+spec.scaling.scrapeIntervalSeconds has passed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -32,13 +32,12 @@ from pagoda.operator.autoscaler.policy import Decision, ScalingParams, ScalingSt
 from pagoda.operator.autoscaler.router_queue import router_load
 from pagoda.operator.autoscaler.scrape import ready_targets, scrape_pods
 from pagoda.operator.builders import meta
+from pagoda.operator.config import OperatorConfig, current_config
 from pagoda.operator.k8s import Cluster
 from pagoda.operator.status import changed, merge_conditions
 
 HANDLER_ID = "autoscaler"
 CONDITION = "ScalingActive"
-TICK_SECONDS = float(os.environ.get("PAGODA_AUTOSCALER_TICK_SECONDS", "1"))
-SCRAPE_TIMEOUT_SECONDS = float(os.environ.get("PAGODA_AUTOSCALER_SCRAPE_TIMEOUT_SECONDS", "2"))
 DELEGATED = {
     "hpa": ("DelegatedToHPA", "HorizontalPodAutoscaler"),
     "keda": ("DelegatedToKEDA", "ScaledObject"),
@@ -100,7 +99,7 @@ def fixed_patch(ms: s.ModelServer, current: dict, now: str) -> dict:
     }
 
 
-async def autoscale(body: kopf.Body, memo: kopf.Memo, logger: Any, tick: float = TICK_SECONDS) -> None:
+async def autoscale(body: kopf.Body, memo: kopf.Memo, logger: Any, tick: float) -> None:
     """One tick for one ModelServer; it acts once per scrape interval (to within half a tick)."""
     if (body.get("metadata") or {}).get("deletionTimestamp"):
         return
@@ -127,10 +126,12 @@ async def autoscale(body: kopf.Body, memo: kopf.Memo, logger: Any, tick: float =
         return
 
     pods = await asyncio.to_thread(cluster.list, "Pod", ms.namespace, meta.selector_labels(ms))
-    timeout = min(SCRAPE_TIMEOUT_SECONDS, params.scrape_interval_seconds)
+    config: OperatorConfig = getattr(memo, "config", None) or current_config()
+    timeout = min(config.scrape_timeout_seconds, params.scrape_interval_seconds)
     loads = await scrape_pods(ready_targets(pods), timeout=timeout)
     # Only minReplicas 0 needs the router's queue: it is what wakes a ModelServer at zero.
-    router = await router_load(f"{ms.namespace}/{ms.name}", timeout) if params.min_replicas == 0 else None
+    key = f"{ms.namespace}/{ms.name}"
+    router = await router_load(key, timeout, config.router_metrics_url) if params.min_replicas == 0 else None
     decision = decide(loads, ms.spec.replicas, params, memory.state, clock, router=router)
     memory.state = decision.state
 
@@ -158,8 +159,10 @@ async def _patch_status(cluster: Cluster, ms: s.ModelServer, current: dict, stat
                 raise
 
 
-def register(registry: kopf.OperatorRegistry | None = None, interval: float = TICK_SECONDS) -> None:
-    """Register the timer (kopf's default registry unless given: tests bring their own)."""
+def register(registry: kopf.OperatorRegistry | None = None, interval: float | None = None) -> None:
+    """Register the timer (kopf's default registry unless given: tests bring their own), ticking
+    every `interval` seconds (default: the installed OperatorConfig's)."""
+    interval = interval or current_config().autoscaler_tick_seconds
 
     async def autoscaler_tick(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
         await autoscale(body, memo, logger, tick=interval)

@@ -6,41 +6,44 @@ import math
 
 from pagoda.operator.builders import meta
 from pagoda.operator.config import OperatorConfig
-from pagoda.operator.model_uri import CACHE_MOUNT
 from pagoda.operator.spec import ModelServer
+from pagoda.runtime.engine_args import to_cli_flags
+from pagoda.runtime.model_uri import CACHE_MOUNT
 
 CONTAINER_PORT = 8000
 HEALTH_PATH = "/health"
 STARTUP_PERIOD_SECONDS = 10
 
 
-def serve_args(ms: ModelServer, model_path: str) -> list[str]:
-    """`pagoda serve` flags from the spec (the runtime's CLI is the whole contract)."""
+def engine_knobs(ms: ModelServer) -> dict:
+    """The spec's engine settings under their EngineArgs names (None: the runtime's default)."""
     engine = ms.spec.engine
+    return {
+        "gpu_memory_utilization": engine.gpu_memory_utilization,
+        "dtype": engine.dtype,
+        "max_model_len": engine.max_model_len,
+        "max_num_seqs": engine.max_num_seqs,
+        "max_num_batched_tokens": engine.max_num_batched_tokens,
+        "enable_prefix_caching": None if engine.enable_prefix_caching else False,
+        "tensor_parallel_size": ms.spec.tensor_parallel_size if ms.spec.tensor_parallel_size > 1 else None,
+        "device": "cpu" if ms.spec.resources.gpus == 0 else None,
+    }
+
+
+def serve_args(ms: ModelServer, model_path: str) -> list[str]:
+    """`pagoda serve` flags from the spec (the runtime's CLI is the whole contract); the engine's
+    flags are spelled by the runtime's EngineArgs, which the CLI itself is built from."""
     args = [
         model_path,
         "--host", "0.0.0.0",
         "--port", str(CONTAINER_PORT),
         "--served-model-name", meta.served_name(ms),
-        "--gpu-memory-utilization", f"{engine.gpu_memory_utilization:g}",
-        "--dtype", engine.dtype,
     ]  # fmt: skip
-    if engine.max_model_len is not None:
-        args += ["--max-model-len", str(engine.max_model_len)]
-    if engine.max_num_seqs is not None:
-        args += ["--max-num-seqs", str(engine.max_num_seqs)]
-    if engine.max_num_batched_tokens is not None:
-        args += ["--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
-    if not engine.enable_prefix_caching:
-        args.append("--no-enable-prefix-caching")
-    if ms.spec.tensor_parallel_size > 1:
-        args += ["--tensor-parallel-size", str(ms.spec.tensor_parallel_size)]
-    if ms.spec.resources.gpus == 0:
-        args += ["--device", "cpu"]
+    args += to_cli_flags(engine_knobs(ms))
     # The API key is never an argument (argv is readable by every process on the node): the
     # runtime reads PAGODA_API_KEY from its env, which a secretKeyRef fills (see _env).
     args += ["--shutdown-timeout", str(shutdown_timeout_seconds(ms))]
-    return args + list(engine.extra_args)
+    return args + list(ms.spec.engine.extra_args)
 
 
 def _probe(period: int, failures: int, timeout: int = 5) -> dict:

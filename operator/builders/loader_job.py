@@ -9,8 +9,9 @@ from __future__ import annotations
 from pagoda.operator.builders import meta
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.gpus import gpu_memory_gib, quantity_gib
-from pagoda.operator.model_uri import CACHE_MOUNT
 from pagoda.operator.spec import ModelServer
+from pagoda.runtime.engine_args import to_cli_flags
+from pagoda.runtime.model_uri import CACHE_MOUNT
 
 PLAN_CONTAINER = "plan"
 # The plan's arguments follow the script ("$@"), so no path is ever re-parsed by the shell.
@@ -24,18 +25,9 @@ PLAN_SCRIPT = (
 def plan_args(ms: ModelServer, model_path: str) -> list[str]:
     engine = ms.spec.engine
     gib, _ = plan_memory_gib(ms)
-    args = [
-        model_path,
-        "--gpu-memory-gib",
-        f"{gib:g}",
-        "--gpu-memory-utilization",
-        f"{engine.gpu_memory_utilization:g}",
-        "--dtype",
-        engine.dtype,
-    ]
-    if engine.max_model_len is not None:
-        args += ["--max-model-len", str(engine.max_model_len)]
-    return args
+    knobs = {"gpu_memory_utilization": engine.gpu_memory_utilization, "dtype": engine.dtype,
+             "max_model_len": engine.max_model_len}
+    return [model_path, "--gpu-memory-gib", f"{gib:g}", *to_cli_flags(knobs)]
 
 
 def plan_memory_gib(ms: ModelServer) -> tuple[float, bool]:

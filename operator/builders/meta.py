@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pagoda.operator.model_uri import ModelURI, uri_digest
 from pagoda.operator.spec import ModelServer
+from pagoda.runtime.model_uri import ModelURI, uri_digest
 
 MANAGED_BY = "pagoda-operator"
 LABEL_MODELSERVER = "pagoda.dev/modelserver"

@@ -33,7 +33,7 @@ from pagoda.runtime.layers.parallel_state import kv_heads_per_rank
 from pagoda.runtime.memory import MemoryPlan, check_fits, plan_memory
 from pagoda.runtime.model_config import ModelConfig, resolve_model_path
 from pagoda.runtime.sampling_params import SamplingParams
-from pagoda.runtime.worker.distributed.executor import build_executor
+from pagoda.runtime.worker.executor import build_executor
 
 logger = logging.getLogger(__name__)
 
@@ -71,12 +71,11 @@ class EngineCore:
             args = self.args = dataclasses.replace(args, max_num_seqs=default_max_num_seqs(self.device))
         max_len = self.model_config.max_model_len
         self.max_num_batched_tokens = args.max_num_batched_tokens or default_token_budget(args, self.device)
-        # A ModelRunner, or with tensor_parallel_size > 1 an executor that stands in for rank 0's
-        # runner and drives the other ranks' processes.
-        self.runner = build_executor(self.model_config, self.device, args, self.max_num_batched_tokens)
+        # Local, or with tensor_parallel_size > 1 rank 0 of a tensor-parallel group (worker/executor.py).
+        self.executor = build_executor(self.model_config, self.device, args, self.max_num_batched_tokens)
         self.memory_plan = self._plan_memory()
         check_fits(self.memory_plan)
-        self.runner.allocate_kv_cache(self.memory_plan.num_kv_blocks, args.block_size)
+        self.executor.allocate_kv_cache(self.memory_plan.num_kv_blocks, args.block_size)
         self.kv_cache_manager = KVCacheManager(
             self.memory_plan.num_kv_blocks, args.block_size, args.enable_prefix_caching,
             sliding_window=self.memory_plan.sliding_window,
@@ -87,9 +86,9 @@ class EngineCore:
         # The step scheduled ahead and launched, whose tokens are read by the next step() call.
         self._in_flight: tuple | None = None
         # Only a single-process runner can feed a step from the device ids of the one before.
-        self.async_scheduling = args.async_scheduling and getattr(self.runner, "supports_ahead", False)
+        self.async_scheduling = args.async_scheduling and self.executor.supports_ahead
         self.structured_outputs = StructuredOutputManager(self.model_config.vocab_size)
-        self.runner.sampler.structured_outputs = self.structured_outputs  # it fills the bitmasks
+        self.executor.runner.sampler.structured_outputs = self.structured_outputs  # it fills the bitmasks
         self.prompt_tokens = 0
         self.generation_tokens = 0
         logger.info("memory plan: %s", self.memory_plan.to_dict())
@@ -105,12 +104,12 @@ class EngineCore:
             dtype_bytes=cfg.dtype_bytes,
             max_model_len=cfg.max_model_len,
             block_size=args.block_size,
-            weight_bytes=self.runner.weight_bytes(),
+            weight_bytes=self.executor.weight_bytes(),
             max_num_batched_tokens=self.max_num_batched_tokens,
         )
         if self.device.type == "cuda":
             _, total = torch.cuda.mem_get_info(self.device)
-            activations = self.runner.profile_peak_activation_bytes(
+            activations = self.executor.profile_peak_activation_bytes(
                 self.max_num_batched_tokens, cfg.max_model_len
             )
             return plan_memory(
@@ -138,9 +137,7 @@ class EngineCore:
     def shutdown(self) -> None:
         """Stop tensor-parallel worker processes, if any (also done when the engine is dropped)."""
         self.structured_outputs.shutdown()
-        shutdown = getattr(self.runner, "shutdown", None)
-        if shutdown is not None:
-            shutdown()
+        self.executor.shutdown()
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -200,7 +197,7 @@ class EngineCore:
                 if not failed:
                     self._wait_for_grammars()
                 return failed
-            pending = self.runner.launch(sched, self.kv_cache_manager)
+            pending = self.executor.launch(sched, self.kv_cache_manager)
         if overlap is not None and overlap_aborts:
             overlap()  # first, so that an abort keeps its request out of the step ahead
             overlap = None
@@ -209,7 +206,7 @@ class EngineCore:
             # GPU does not idle through the host work between steps.
             ahead = self.scheduler.schedule_ahead(sched)
             if ahead is not None:
-                self._in_flight = (ahead, self.runner.launch(ahead, self.kv_cache_manager, pending))
+                self._in_flight = (ahead, self.executor.launch(ahead, self.kv_cache_manager, pending))
         if overlap is not None:
             overlap()
         result = pending.wait()

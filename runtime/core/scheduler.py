@@ -68,9 +68,6 @@ class Scheduler:
             self.first_child[request.parent_id] = request
         self.waiting.append(request)
 
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running)
-
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
@@ -261,6 +258,3 @@ class Scheduler:
         self.requests.pop(request.request_id, None)
         if self.first_child.get(request.parent_id) is request:
             del self.first_child[request.parent_id]
-
-    def get_request(self, request_id: str) -> Request | None:
-        return self.requests.get(request_id)

@@ -19,7 +19,7 @@ from typing import Any
 from pagoda.runtime.core.core_loop import AbortCommand, AddCommand, InitStructuredOutputsCommand
 from pagoda.runtime.frontend.output_processor import OutputProcessor
 from pagoda.runtime.frontend.processor import InputProcessor
-from pagoda.runtime.model_config import ModelConfig
+from pagoda.runtime.model_config import ModelConfig, generation_defaults
 from pagoda.runtime.sampling_params import RequestOutputKind
 
 logger = logging.getLogger("pagoda.server")
@@ -96,6 +96,9 @@ class EngineClient:
         self.max_queue_len = max_queue_len
         self.processor = InputProcessor(model_config, tokenizer, engine_args.max_logprobs,
                                         engine_args.structured_outputs_disable_any_whitespace)
+        # Sampling defaults for what a request leaves unset (generation_config.json).
+        self.generation_defaults = generation_defaults(engine_args.generation_config, model_config.path)
+        self.enable_log_requests = engine_args.enable_log_requests
         self.output_processor = OutputProcessor(tokenizer)
         self._streams: dict[str, RequestStream] = {}
         self._stats: dict = stats or {}
@@ -162,6 +165,8 @@ class EngineClient:
         requests = self.processor.process(request_id, prompt_token_ids, params, now)
         if params.structured_outputs is not None:
             await self._init_structured_outputs()
+        if self.enable_log_requests:
+            logger.info("request %s: %d prompt tokens, %s", request_id, len(prompt_token_ids), params)
         future = self._loop.create_future()
         stream = RequestStream(request_id, self, params.output_kind)
         self.output_processor.add_request(request_id, prompt, prompt_token_ids, params, now)

@@ -13,41 +13,18 @@ from pagoda.runtime.sampling_params import RequestOutputKind, SamplingParams
 
 
 class LLM:
-    def __init__(
-        self,
-        model: str,
-        dtype: str = "auto",
-        device: str = "auto",
-        max_model_len: int | None = None,
-        block_size: int = 16,
-        gpu_memory_utilization: float = 0.9,
-        num_kv_blocks: int | None = None,
-        max_num_seqs: int | None = None,
-        max_num_batched_tokens: int | None = None,
-        enable_prefix_caching: bool = True,
-        seed: int = 0,
-        load_format: str = "auto",
-        tensor_parallel_size: int = 1,
-        **kwargs,
-    ):
-        args = EngineArgs(
-            model=model,
-            dtype=dtype,
-            device=device,
-            max_model_len=max_model_len,
-            block_size=block_size,
-            gpu_memory_utilization=gpu_memory_utilization,
-            num_kv_blocks=num_kv_blocks,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            enable_prefix_caching=enable_prefix_caching,
-            seed=seed,
-            load_format=load_format,
-            tensor_parallel_size=tensor_parallel_size,
-            **{"usage_context": "llm_class", **kwargs},
-        )
+    """LLM(model, **engine_args): every keyword is an EngineArgs knob (pagoda.runtime.engine_args),
+    with its default there; an unknown one is a TypeError that names the close matches."""
+
+    def __init__(self, model: str, **kwargs):
+        args = EngineArgs(model=model, **{"usage_context": "llm_class", **kwargs})
         self.llm_engine = LLMEngine.from_engine_args(args)
         self._counter = itertools.count()
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What a call without sampling_params uses: the model's generation_config.json defaults
+        (see --generation-config), else SamplingParams()."""
+        return SamplingParams(**self.llm_engine.generation_defaults)
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
@@ -71,7 +48,7 @@ class LLM:
     ) -> list[RequestOutput]:
         texts, token_ids = self._normalize_prompts(prompts, prompt_token_ids)
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
             params = [sampling_params] * len(token_ids)
         else:
@@ -96,7 +73,7 @@ class LLM:
         ]
         # The template already holds any BOS token; the tokenizer must not add another.
         ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.get_default_sampling_params()
         params = [params] * len(ids) if isinstance(params, SamplingParams) else list(params)
         return self._run(texts, ids, params, use_tqdm)
 

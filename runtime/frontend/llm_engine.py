@@ -18,7 +18,7 @@ from pagoda.runtime.frontend.output_processor import OutputProcessor
 from pagoda.runtime.frontend.outputs import RequestOutput
 from pagoda.runtime.frontend.processor import InputProcessor
 from pagoda.runtime.frontend.tokenizer import load_tokenizer
-from pagoda.runtime.model_config import resolve_model_path
+from pagoda.runtime.model_config import generation_defaults, resolve_model_path
 from pagoda.runtime.sampling_params import SamplingParams
 
 
@@ -31,6 +31,7 @@ class LLMEngine:
                                         args.chat_template)
         self.processor = InputProcessor(self.model_config, self.tokenizer, args.max_logprobs,
                                         args.structured_outputs_disable_any_whitespace)
+        self.generation_defaults = generation_defaults(args.generation_config, self.model_config.path)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._records: list[EngineCoreOutput] = []  # the last step's, processed during the next
         self._ready: list[RequestOutput] = []  # outputs due at the next step() (aborts)
@@ -43,7 +44,8 @@ class LLMEngine:
     # The core's parts, for tests and benchmarks that look inside.
     @property
     def runner(self):
-        return self.engine_core.runner
+        """Rank 0's ModelRunner."""
+        return self.engine_core.executor.runner
 
     @property
     def scheduler(self):

@@ -62,9 +62,6 @@ class OutputProcessor:
         self._piece_cache: dict[int, str] = {}
         self._with_stop_strings: set[str] = set()  # unfinished requests that have stop strings
 
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.states)
-
     def has_stop_strings(self) -> bool:
         """Whether processing a step's records may end a request here (and abort it in the core)."""
         return bool(self._with_stop_strings)

@@ -47,10 +47,6 @@ def current_tp() -> TensorParallelGroup:
     return _current
 
 
-def get_tp_rank() -> int:
-    return _current.rank
-
-
 def get_tp_size() -> int:
     return _current.size
 

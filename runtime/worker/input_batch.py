@@ -119,6 +119,8 @@ class StepBatch:
     sample_all_rows: bool = False  # the sampled rows are exactly rows 0..num_seqs-1, in order
     # (request, first hidden row, first and last+1 prompt position it predicts) for prompt logprobs
     prompt_rows: list[tuple[Request, int, int, int]] = field(default_factory=list)
+    layout: StageLayout | None = None  # where each field sits in the staged host array
+    pad_seqs: int = 0  # >0: a decode step padded to this CUDA-graph bucket
 
 
 @dataclass(slots=True)
@@ -243,5 +245,6 @@ class BatchBuilder:
             st[layout.logits : layout.logits + layout.num_logits] = logits_rows
         st[layout.table : layout.end].reshape(num_seqs, width)[:] = self.table[:num_seqs, :width]
         self.buffers.send(layout)
+        batch.layout, batch.pad_seqs = layout, pad_seqs or 0
         self._forget_finished({s.request.request_id for s in scheduled})
         return batch

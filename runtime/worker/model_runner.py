@@ -16,6 +16,7 @@ the next decode step ahead, fed on the device with this step's sampled ids.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -84,7 +85,10 @@ class ModelRunner:
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 8192,
         enforce_eager: bool = False,
+        enable_gemv: bool = True,
+        fused_rope_kv: bool = True,
     ):
+        ops.configure(enable_gemv=enable_gemv, fused_rope_kv=fused_rope_kv)  # once, before any kernel
         self.model_config = model_config
         self.device = device
         self.dtype = TORCH_DTYPES[model_config.dtype]
@@ -107,6 +111,9 @@ class ModelRunner:
         self.sampled_host = [torch.zeros(max_num_seqs, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
         self.sampled_done = [torch.cuda.Event() if pin else None for _ in range(2)]
         self.sampled_turn = 0
+        # Called with each step's staged batch before its forward pass; the tensor-parallel
+        # executor sends the stage to the other ranks from here (worker/distributed/executor.py).
+        self.on_staged: Callable[[StepBatch], None] | None = None
 
     def weight_bytes(self) -> int:
         seen, total = set(), 0
@@ -222,6 +229,8 @@ class ModelRunner:
         is_decode = sched.total_num_tokens == num_seqs  # one query token per request
         pad = padded_size(num_seqs, self.graph_sizes) if is_decode and self.graphs else None
         batch = self.builder.build(sched, kv, pad)
+        if self.on_staged is not None:
+            self.on_staged(batch)
         if sched.ahead:
             self._feed_in_flight_tokens(sched, previous)
         if pad is not None:

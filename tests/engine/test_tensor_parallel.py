@@ -66,7 +66,7 @@ def test_tp2_matches_tp1_and_transformers(models, hf, case):
     before = child_pids()
     with LLM(path, tensor_parallel_size=2, **ENGINE) as llm:
         runner = llm.llm_engine.runner
-        workers = runner.workers.procs
+        workers = llm.llm_engine.engine_core.executor.workers.procs
         assert len(workers) == 1 and child_pids() - before == {workers[0].pid}
         attn = runner.model.model.layers[0].self_attn
         assert (attn.num_heads, attn.num_kv_heads) == (2, 1)  # 4 heads; 2 (or 1, replicated) KV heads
@@ -114,7 +114,7 @@ def test_tp2_logprobs_match_tp1(models):
 def test_workers_stop_when_the_engine_is_dropped(models):
     before = child_pids()
     llm = LLM(models["llama"], tensor_parallel_size=2, **ENGINE)
-    (worker,) = llm.llm_engine.runner.workers.procs
+    (worker,) = llm.llm_engine.engine_core.executor.workers.procs
     assert generate(llm, [[5, 6, 7]])[0].outputs[0].token_ids
     del llm
     gc.collect()

@@ -2,7 +2,6 @@
 and the dispatcher that decides when the runtime uses it. Outputs are poisoned with NaN first, so a
 row or column the kernel forgets to write shows up as a mismatch."""
 
-import importlib
 
 import pytest
 import torch
@@ -145,15 +144,16 @@ def test_use_gemv_needs_cuda():
     assert not ops._use_gemv(torch.randn(1, 16).to(torch.bfloat16), w)
 
 
-def test_pagoda_gemv_env_disables(monkeypatch):
-    try:
-        monkeypatch.setenv("PAGODA_GEMV", "0")
-        assert not importlib.reload(ops).GEMV_ENABLED
-        monkeypatch.setenv("PAGODA_GEMV", "1")
-        assert importlib.reload(ops).GEMV_ENABLED
-    finally:
-        monkeypatch.delenv("PAGODA_GEMV")
-        importlib.reload(ops)
+def test_configure_switches_gemv_off_and_on(on_gpu, monkeypatch):
+    """The engine's --no-enable-gemv reaches the kernels through ops.configure."""
+    monkeypatch.setattr(ops, "GEMV_ENABLED", ops.GEMV_ENABLED)  # restored after the test
+    monkeypatch.setattr(ops, "FUSED_ROPE_KV", ops.FUSED_ROPE_KV)
+    bf16 = torch.bfloat16
+    x, w = torch.randn(1, 64).to(bf16), torch.randn(32, 64).to(bf16)
+    ops.configure(enable_gemv=False, fused_rope_kv=False)
+    assert not ops._use_gemv(x, w) and not ops.FUSED_ROPE_KV
+    ops.configure()
+    assert ops._use_gemv(x, w) and ops.FUSED_ROPE_KV
 
 
 @pytest.mark.parametrize("rows,want_calls", [(1, 1), (4, 1), (5, 0)])

@@ -34,7 +34,7 @@ import yaml
 from kopf_harness import eventually
 from serve_process import ServeProcess, free_port, pagoda_serve
 
-from pagoda.operator.autoscaler.timer import SCRAPE_TIMEOUT_SECONDS, register
+from pagoda.operator.autoscaler.timer import register
 from pagoda.operator.builders import meta
 from pagoda.operator.builders.deployment import build_deployment
 from pagoda.operator.config import OperatorConfig
@@ -348,7 +348,7 @@ async def test_replicas_follow_the_queue(apiserver, replicas):
             # would step down within a scrape of resuming). The tick that first sees every replica may
             # have started its scrape up to one scrape timeout (1 s here) before SIGCONT, and the calm
             # is stamped with that tick's time.
-            scrape_timeout = min(SCALING["scrapeIntervalSeconds"], SCRAPE_TIMEOUT_SECONDS)
+            scrape_timeout = min(SCALING["scrapeIntervalSeconds"], OperatorConfig().scrape_timeout_seconds)
             assert time.monotonic() - resumed >= DELAY - scrape_timeout - 0.25
             await eventually(lambda: deployment_replicas() == 1, timeout=DELAY + 10)
             assert replicas_history(apiserver) == [1, 3, 2, 1]

@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagoda.operator import crdgen
-from pagoda.operator.model_uri import ModelURI
 from pagoda.operator.spec import ModelServer
+from pagoda.runtime.model_uri import ModelURI
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("modelserver-*.yaml"))

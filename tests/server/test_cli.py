@@ -18,7 +18,10 @@ from pagoda.runtime.cli import build_parser
 SERVE_FLAGS = ["--host", "--port", "--served-model-name", "--api-key", "--max-model-len",
                "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens", "--block-size",
                "--num-kv-blocks", "--no-enable-prefix-caching", "--dtype", "--device", "--load-format", "--seed",
-               "--chat-template", "--max-queue-len", "--log-level", "--enforce-eager"]
+               "--chat-template", "--max-queue-len", "--log-level", "--enforce-eager",
+               # vLLM's names and forms (issue 16)
+               "--enable-prefix-caching", "--tokenizer", "--revision", "--generation-config", "--disable-log-stats",
+               "--enable-log-requests", "--max-logprobs", "--tensor-parallel-size"]
 
 # Llama-3.1-8B's config.json (the W1 model of BENCHMARKS.md).
 LLAMA_8B = {
@@ -39,6 +42,8 @@ def test_serve_help_documents_every_flag():
     text = _serve_help()
     for flag in SERVE_FLAGS:
         assert re.search(rf"{flag}\b", text), flag
+    assert re.search(r"--dtype \{auto,half,float16,bfloat16,float,float32\}", text)
+    assert "KEY [KEY ...]" in text  # --api-key takes several keys
     # Every option has a help line.
     sub = next(a for a in build_parser("serve")._actions if a.dest == "command").choices["serve"]
     assert all(a.help for a in sub._actions)
@@ -48,12 +53,12 @@ def test_serve_flags_parse(monkeypatch):
     monkeypatch.setenv("PAGODA_API_KEY", "from-env")
     args = build_parser("serve").parse_args(["serve", "m", "--port", "9000", "--no-enable-prefix-caching",
                                              "--max-queue-len", "4", "--served-model-name", "a", "b"])
-    assert (args.api_key, args.port, args.enable_prefix_caching, args.max_queue_len) == ("from-env", 9000, False, 4)
+    assert (args.api_key, args.port, args.enable_prefix_caching, args.max_queue_len) == (["from-env"], 9000, False, 4)
     assert args.served_model_name == ["a", "b"] and args.host == "0.0.0.0"
     from pagoda.runtime.frontend.server.cli import engine_args_from
 
     engine_args = engine_args_from(args)
-    assert engine_args.enable_prefix_caching is False and engine_args.served_model_name == "a"
+    assert engine_args.enable_prefix_caching is False and engine_args.served_model_name == ["a", "b"]
 
 
 def test_cli_modules_do_not_import_torch():

@@ -176,7 +176,7 @@ def test_request_waits_for_its_grammar_without_a_seat(tiny_llama, monkeypatch):
     done = {}
     while "p" not in done:
         done.update({o.request_id: o for o in engine.step() if o.finished})
-    waiting = engine.scheduler.get_request("s")
+    waiting = engine.scheduler.requests["s"]
     assert waiting is not None and not waiting.num_computed_tokens
     assert engine.kv_cache_manager.req_to_blocks.get("s") in (None, [])
     gate.set()

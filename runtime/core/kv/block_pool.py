@@ -86,11 +86,3 @@ class BlockPool:
             if self.cached.get(block.block_hash) is block:
                 del self.cached[block.block_hash]
             block.block_hash = None
-
-    def reset_prefix_cache(self) -> bool:
-        if self.num_free_blocks != self.num_blocks:
-            return False
-        for block in self.blocks:
-            block.block_hash = None
-        self.cached.clear()
-        return True

@@ -170,6 +170,3 @@ class KVCacheManager:
         block by construction."""
         blocks = self.req_to_blocks.get(request.request_id, [])
         return len(blocks) * self.block_size - request.num_computed_tokens - request.num_in_flight_tokens
-
-    def reset_prefix_cache(self) -> bool:
-        return self.block_pool.reset_prefix_cache()

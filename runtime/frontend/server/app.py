@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from contextlib import asynccontextmanager
 
@@ -56,6 +58,22 @@ def _version() -> str:
         return "0.0.0"
 
 
+async def log_stats(client: EngineClient, period_s: float = 10.0) -> None:
+    """The engine's load and throughput every period_s while it works (off: --disable-log-stats)."""
+    log = logging.getLogger("pagoda.stats")
+    last = client.stats()
+    while True:
+        await asyncio.sleep(period_s)
+        now = client.stats()
+        prompt = now.get("prompt_tokens", 0) - last.get("prompt_tokens", 0)
+        generated = now.get("generation_tokens", 0) - last.get("generation_tokens", 0)
+        if prompt or generated or now.get("num_running") or now.get("num_waiting"):
+            log.info("prompt %.1f tok/s, generation %.1f tok/s, running %d, waiting %d, KV cache %.1f%%",
+                     prompt / period_s, generated / period_s, now.get("num_running", 0),
+                     now.get("num_waiting", 0), 100 * now.get("kv_cache_usage", 0.0))
+        last = now
+
+
 def build_app(client: EngineClient, config: ServerConfig, metrics: ServerMetrics | None = None,
               limits: RequestLimits | None = None) -> FastAPI:
     limits = limits or RequestLimits(max_body_bytes=config.max_body_bytes)
@@ -73,7 +91,10 @@ def build_app(client: EngineClient, config: ServerConfig, metrics: ServerMetrics
     async def lifespan(_: FastAPI):
         if not client.is_alive and client.dead_reason is None:
             client.start()
+        logger = None if config.disable_log_stats else asyncio.ensure_future(log_stats(client))
         yield
+        if logger is not None:
+            logger.cancel()
         await client.shutdown()
         renderer.close()
 

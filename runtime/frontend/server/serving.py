@@ -27,10 +27,11 @@ from pagoda.runtime.structured_outputs_params import StructuredOutputsParams
 class ServerConfig:
     served_model_names: list[str]
     model_path: str
-    api_key: str | None = None
+    api_key: str | list[str] | None = None  # any of them opens /v1 (None: no key needed)
     max_queue_len: int | None = None
     chat_template: str | None = None  # a template string (a file is read by the CLI)
     random_weights: bool = False
+    disable_log_stats: bool = False
     max_body_bytes: int = 32 << 20
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None  # hermes, llama3_json, mistral
@@ -69,7 +70,7 @@ class OpenAIServing:
             raise bad_request(f"the {what} is empty: it must hold at least one token", param=what)
         limit = self.max_model_len
         if max_tokens is None:
-            max_tokens = limit - prompt_len
+            max_tokens = min(limit - prompt_len, self.client.generation_defaults.get("max_tokens", limit))
             if max_tokens < 1:
                 raise bad_request(
                     f"This model's maximum context length is {limit} tokens. However, you requested "
@@ -98,19 +99,26 @@ class OpenAIServing:
             structured = structured_outputs_of(req, self.client.processor.grammars)
         else:
             reject_legacy_fields(req)
-        top_k = req.top_k if req.top_k is not None else -1
+        # What the request leaves unset comes from generation_config.json (--generation-config).
+        defaults = self.client.generation_defaults
+
+        def pick(name: str, fallback):
+            value = getattr(req, name)
+            return value if value is not None else defaults.get(name, fallback)
+
+        top_k = pick("top_k", -1)
         if top_k > self.num_token_ids:
             top_k = -1  # keeping more tokens than the vocabulary holds is no truncation at all
         try:
             return SamplingParams(
                 n=req.n,
-                temperature=1.0 if req.temperature is None else req.temperature,
-                top_p=1.0 if req.top_p is None else req.top_p,
+                temperature=pick("temperature", 1.0),
+                top_p=pick("top_p", 1.0),
                 top_k=top_k,
-                min_p=req.min_p or 0.0,
+                min_p=pick("min_p", 0.0),
                 presence_penalty=req.presence_penalty or 0.0,
                 frequency_penalty=req.frequency_penalty or 0.0,
-                repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+                repetition_penalty=pick("repetition_penalty", 1.0),
                 seed=req.seed,
                 stop=req.stop_list(),
                 stop_token_ids=list(req.stop_token_ids or []),

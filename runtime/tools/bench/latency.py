@@ -13,29 +13,27 @@ import statistics
 import time
 from pathlib import Path
 
+from pagoda.runtime.engine_args import EngineArgs
 from pagoda.runtime.tools.bench import workloads
 from pagoda.runtime.tools.bench.results import command_line, write_result
 from pagoda.runtime.tools.bench.roofline import decode_floor_ms
+from pagoda.runtime.tools.bench.throughput import BENCH_DEFAULTS, BENCH_KNOBS, engine_kwargs
 
 
 def add_arguments(p) -> None:
     p.add_argument("--backend", default="pagoda", choices=["pagoda", "hf"])
     p.add_argument("--model", default="w1", help="w1 (synthetic folder, random weights) or a model folder")
-    p.add_argument("--load-format", default="dummy", choices=["dummy", "auto", "safetensors"])
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--device", default="auto")
     p.add_argument("--output-len", type=int, default=workloads.W2_OUTPUT_LEN)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup-iters", type=int, default=2)
     p.add_argument("--iters", type=int, default=5, help="timed runs; the figure pools their decode steps")
-    p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--hf-cache", default="static", choices=["static", "dynamic"],
                    help="static = compiled static cache (the published peer); dynamic = eager")
     p.add_argument("--peer-result", default=None,
                    help="the other backend's W2 result JSON from the same run: adds speedup_vs_peer")
     p.add_argument("--out", default=None, help="result folder (default e2e/results)")
+    # Each iteration sends the same prompt: a prefix-cache hit would skip most of the prefill.
+    EngineArgs.add_cli_args(p.add_argument_group("engine"), only=BENCH_KNOBS,
+                            defaults={**BENCH_DEFAULTS, "max_num_seqs": None, "enable_prefix_caching": False})
 
 
 def pagoda_token_times(engine, prompt: list[int], output_len: int, request_id: str) -> tuple[float, list[float]]:
@@ -57,16 +55,9 @@ def pagoda_token_times(engine, prompt: list[int], output_len: int, request_id: s
 
 
 def run_pagoda(args, model_path, prompt) -> list[tuple[float, list[float]]]:
-    from pagoda.runtime.engine_args import EngineArgs
     from pagoda.runtime.frontend.llm_engine import LLMEngine
 
-    engine = LLMEngine.from_engine_args(EngineArgs(
-        model=str(model_path), load_format=args.load_format, dtype=args.dtype, device=args.device,
-        max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
-        enforce_eager=args.enforce_eager, seed=args.seed,
-        # Each iteration sends the same prompt: a cache hit would skip most of the prefill.
-        enable_prefix_caching=False,
-    ))
+    engine = LLMEngine.from_engine_args(EngineArgs(**engine_kwargs(args, model_path)))
     runs = []
     for i in range(args.warmup_iters + args.iters):
         runs.append(pagoda_token_times(engine, prompt, args.output_len, f"w2-{i}"))

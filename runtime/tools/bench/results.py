@@ -108,20 +108,24 @@ def result_path(out_dir: str | Path, workload: str, backend: str, suffix: str = 
 
 def write_result(record: dict, out_dir: str | Path | None = None, plot=None) -> dict:
     """Write `record` (which has at least workload, backend and the figures) as JSON next to a PNG
-    made by `plot(record, png_path)`. Returns {"json": path, "png": path or None}."""
+    made by `plot(record, png_path)`. Returns {"json": path, "png": path or None}. The PNG needs
+    matplotlib (the `bench` extra); the serving image has none, and there only the JSON is written."""
     out_dir = Path(out_dir) if out_dir is not None else DEFAULT_OUT_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     full = {"workload": record["workload"], "backend": record["backend"], **environment(), **record}
     json_path = result_path(out_dir, full["workload"], full["backend"])
-    png_path = json_path.with_suffix(".png") if plot is not None else None
+    try:
+        import matplotlib
+    except ImportError:
+        matplotlib = None
+    png_path = json_path.with_suffix(".png") if plot is not None and matplotlib is not None else None
     if png_path is not None:
         full["plot"] = png_path.name
     json_path.write_text(json.dumps(full, indent=2) + "\n")
     if png_path is not None:
-        import matplotlib
-
         matplotlib.use("Agg")
         plot(full, png_path)
-    print(f"wrote {json_path}" + (f" and {png_path.name}" if png_path else ""))
+    note = f" and {png_path.name}" if png_path else " (no plot: pip install 'pagoda[bench]' for matplotlib)" if plot else ""
+    print(f"wrote {json_path}{note}")
     return {"json": json_path, "png": png_path}
 

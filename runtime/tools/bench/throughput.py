@@ -12,6 +12,7 @@ import json
 import time
 from pathlib import Path
 
+from pagoda.runtime.engine_args import EngineArgs, cli_knobs
 from pagoda.runtime.tools.bench import workloads
 from pagoda.runtime.tools.bench.hf_peer import (
     generate_batch,
@@ -28,22 +29,12 @@ def add_arguments(p) -> None:
     p.add_argument("--backend", default="pagoda", choices=["pagoda", "hf"])
     p.add_argument("--model", default=None, help="w1, w4 (synthetic folder, random weights) or a model folder; "
                    "default: the workload's model")
-    p.add_argument("--load-format", default="dummy", choices=["dummy", "auto", "safetensors"],
-                   help="dummy = random weights (the benchmark's definition)")
-    p.add_argument("--dtype", default="auto", help="auto = the config's torch_dtype (bf16 for w1/w4)")
-    p.add_argument("--device", default="auto")
     p.add_argument("--num-prompts", type=int, default=None, help="cap the request count (first N of the draw)")
     p.add_argument("--output-len", type=int, default=workloads.W1_OUTPUT_LEN)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup-prompts", type=int, default=None,
                    help="requests in the warm-up run (default: as many as the timed run, so that every "
                         "batch shape, and each Triton specialization, is met before the clock starts)")
     p.add_argument("--warmup-tokens", type=int, default=16, help="output tokens per warm-up request")
-    p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=None)
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--hf-batch-size", type=int, default=64, help="static batch size of the HF peer")
     p.add_argument("--gpu-busy", type=int, default=0, metavar="N",
                    help="after the timed run, profile N more requests (another draw) for W4's GPU-busy share")
@@ -58,21 +49,18 @@ def add_arguments(p) -> None:
     p.add_argument("--plain-result", default=None,
                    help="this workload's result without --json-schema, from the same run: adds ratio_to_plain")
     p.add_argument("--out", default=None, help="result folder (default e2e/results)")
+    # The engine's own flags, as `pagoda serve` has them, with the benchmark's defaults: random
+    # weights (BENCHMARKS.md's definition), 2k context and 256 seats (the published runs).
+    EngineArgs.add_cli_args(p.add_argument_group("engine"), only=BENCH_KNOBS, defaults=BENCH_DEFAULTS)
 
 
-def _engine_kwargs(args, model_path) -> dict:
-    return dict(
-        model=str(model_path),
-        load_format=args.load_format,
-        dtype=args.dtype,
-        device=args.device,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        enforce_eager=args.enforce_eager,
-        seed=args.seed,
-    )
+# Engine knobs a benchmark can set: all but those that only matter to a server.
+BENCH_KNOBS = cli_knobs(skip=("served_model_name", "chat_template", "disable_log_stats", "enable_log_requests"))
+BENCH_DEFAULTS = {"load_format": "dummy", "max_model_len": 2048, "max_num_seqs": 256}
+
+
+def engine_kwargs(args, model_path) -> dict:
+    return {name: getattr(args, name) for name in BENCH_KNOBS} | {"model": str(model_path)}
 
 
 def _structured(args):
@@ -87,7 +75,7 @@ def run_pagoda(args, model_path, requests) -> dict:
     from pagoda.runtime.frontend.llm import LLM
     from pagoda.runtime.sampling_params import SamplingParams
 
-    llm = LLM(**_engine_kwargs(args, model_path))
+    llm = LLM(**engine_kwargs(args, model_path))
     structured = _structured(args)  # the warm-up compiles it: the timed run pays for the masks only
     warm = warmup_requests(args, len(requests))
     if warm:

@@ -1,10 +1,9 @@
-"""The engine's handle on the model: a ModelRunner at world size 1, a TensorParallelExecutor above.
+"""TensorParallelExecutor: rank 0's side of tensor parallelism, behind the Executor interface.
 
-The executor is rank 0's side of tensor parallelism. It builds rank 0's shard of the model in a
-ModelRunner and stands in for that runner in the engine (the same weight_bytes, profiling,
-allocate_kv_cache and launch/execute calls), so the engine's step loop does not change. Calls that hold
-collectives are sent to the workers first; each step's staged inputs go to them from inside
-rank 0's own batch build, before its forward pass starts.
+It builds rank 0's shard of the model in a ModelRunner and starts the other ranks' processes.
+Calls that hold collectives (profiling, KV-cache allocation with graph capture) are sent to the
+workers first, then run here; each step's staged inputs go to them through the runner's on_staged
+hook, after rank 0 staged them and before its forward pass starts.
 """
 
 from __future__ import annotations
@@ -17,7 +16,8 @@ import torch
 from pagoda.runtime.layers.parallel_state import check_head_split, tensor_parallel
 from pagoda.runtime.model_config import ModelConfig
 from pagoda.runtime.worker.distributed.channel import StepMessage, StepSender, layout_fields
-from pagoda.runtime.worker.distributed.launch import Workers, WorkerSpec
+from pagoda.runtime.worker.distributed.launch import Workers, WorkerSpec, runner_options
+from pagoda.runtime.worker.executor import Executor
 from pagoda.runtime.worker.input_batch import StepBatch
 from pagoda.runtime.worker.model_runner import ModelRunner
 
@@ -47,84 +47,25 @@ def check_tensor_parallel(
             )
 
 
-def build_executor(cfg: ModelConfig, device: torch.device, args, max_num_batched_tokens: int):
-    """The object the engine runs its model through (see the module docstring)."""
-    tp_size = args.tensor_parallel_size
-    check_tensor_parallel(cfg, tp_size, device)
-    kwargs = dict(
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        enforce_eager=args.enforce_eager,
-    )
-    if tp_size == 1:
-        return ModelRunner(cfg, device, args.load_format, args.seed, **kwargs)
-    spec = WorkerSpec(
-        model_path=str(cfg.path), dtype=cfg.dtype, max_model_len=cfg.max_model_len, device_type=device.type,
-        load_format=args.load_format, seed=args.seed, world_size=tp_size, **kwargs,
-    )  # fmt: skip
-    return TensorParallelExecutor(cfg, device, spec)
-
-
-class _BroadcastingBuilder:
-    """Rank 0's BatchBuilder, plus: once it has staged a step, send the stage to every worker."""
-
-    def __init__(self, builder, buffers, sender: StepSender):
-        self.inner, self.buffers, self.sender = builder, buffers, sender
-        self.layout = None
-        send = buffers.send
-
-        def send_and_keep(layout) -> None:
-            self.layout = layout
-            send(layout)
-
-        buffers.send = send_and_keep  # the one seam that sees the StageLayout of the step
-
-    def build(self, sched, kv, pad_seqs: int | None) -> StepBatch:
-        batch = self.inner.build(sched, kv, pad_seqs)
-        layout, b = self.layout, self.buffers
-        self.sender.send_step(
-            StepMessage(
-                pad_seqs=pad_seqs or 0,
-                num_tokens=batch.num_tokens,
-                num_seqs=batch.num_seqs,
-                max_query_len=batch.max_query_len,
-                max_seq_len=batch.max_seq_len,
-                num_decode_seqs=batch.num_decode_seqs,
-                num_sample=len(batch.sample_requests),
-                sample_all_rows=batch.sample_all_rows,
-                layout=layout_fields(layout),
-                prompt_rows=[(row, last - first) for _, row, first, last in batch.prompt_rows],
-                stage=b.host_stages[b.turn].numpy()[: layout.end],
-            )
-        )
-        return batch
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
-class TensorParallelExecutor:
+class TensorParallelExecutor(Executor):
     # Workers read input ids from the staged host arrays, so a step cannot be fed from rank 0's
     # device-side samples: the engine schedules synchronously under tensor parallelism.
     supports_ahead = False
 
-    def __init__(self, cfg: ModelConfig, device: torch.device, spec: WorkerSpec):
-        self.tp_size = spec.world_size
+    def __init__(self, cfg: ModelConfig, device: torch.device, tp_size: int, options: dict,
+                 start_timeout_s: float = 1800.0):
+        self.tp_size = tp_size
+        spec = WorkerSpec(
+            model_path=str(cfg.path), dtype=cfg.dtype, max_model_len=cfg.max_model_len, device_type=device.type,
+            world_size=tp_size, start_timeout_s=start_timeout_s, **options,
+        )  # fmt: skip
         self.workers = Workers(spec)
         # Stops the workers when the engine is dropped or the interpreter exits, whatever happens.
         self._finalizer = weakref.finalize(self, self.workers.shutdown)
         try:
             self.tp = self.workers.init_rank0()
             with tensor_parallel(self.tp):
-                self.runner = ModelRunner(
-                    cfg,
-                    device,
-                    spec.load_format,
-                    spec.seed,
-                    max_num_seqs=spec.max_num_seqs,
-                    max_num_batched_tokens=spec.max_num_batched_tokens,
-                    enforce_eager=spec.enforce_eager,
-                )
+                self.runner = ModelRunner(cfg, device, **runner_options(spec))
             self.workers.wait_ready()
         except BaseException:
             self.shutdown()
@@ -141,28 +82,35 @@ class TensorParallelExecutor:
         self.sender.send_call(method, *args)
         return getattr(self.runner, method)(*args)
 
-    def weight_bytes(self) -> int:
-        return self.runner.weight_bytes()  # this rank's shard: the memory plan is per GPU
-
     def profile_peak_activation_bytes(self, num_tokens: int, max_model_len: int) -> int:
         return self._mirror("profile_peak_activation_bytes", num_tokens, max_model_len)
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> None:
         # Same block count on every rank: block tables from rank 0 index every rank's shard.
         self._mirror("allocate_kv_cache", num_blocks, block_size)
-        self.runner.builder = _BroadcastingBuilder(self.runner.builder, self.runner.buffers, self.sender)
+        self.runner.on_staged = self._send_step
 
-    def launch(self, sched, kv):
+    def _send_step(self, batch: StepBatch) -> None:
+        """Every worker gets rank 0's staged inputs, and runs the same forward on its shard."""
+        layout, b = batch.layout, self.runner.buffers
+        self.sender.send_step(
+            StepMessage(
+                pad_seqs=batch.pad_seqs,
+                num_tokens=batch.num_tokens,
+                num_seqs=batch.num_seqs,
+                max_query_len=batch.max_query_len,
+                max_seq_len=batch.max_seq_len,
+                num_decode_seqs=batch.num_decode_seqs,
+                num_sample=len(batch.sample_requests),
+                sample_all_rows=batch.sample_all_rows,
+                layout=layout_fields(layout),
+                prompt_rows=[(row, last - first) for _, row, first, last in batch.prompt_rows],
+                stage=b.host_stages[b.turn].numpy()[: layout.end],
+            )
+        )
+
+    def launch(self, sched, kv, previous=None):
         return self.runner.launch(sched, kv)
-
-    def execute(self, sched, kv):
-        return self.runner.execute(sched, kv)
 
     def shutdown(self) -> None:
         self._finalizer()
-
-    def __getattr__(self, name):
-        # Anything else (model, kv_cache, buffers, graphs) is rank 0's runner's.
-        if name == "runner":
-            raise AttributeError(name)
-        return getattr(self.runner, name)

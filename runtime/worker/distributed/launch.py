@@ -24,7 +24,6 @@ from pagoda.runtime.layers.parallel_state import TensorParallelGroup
 
 logger = logging.getLogger(__name__)
 
-START_TIMEOUT_S = float(os.environ.get("PAGODA_TP_START_TIMEOUT_S", "1800"))  # a 70B load is slow
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 HOST = "127.0.0.1"
 
@@ -43,8 +42,18 @@ class WorkerSpec:
     max_num_batched_tokens: int
     enforce_eager: bool
     world_size: int
+    enable_gemv: bool = True
+    fused_rope_kv: bool = True
+    start_timeout_s: float = 1800.0  # a 70B load is slow
     store_port: int = 0
     num_threads: int = 1
+
+
+def runner_options(spec: WorkerSpec) -> dict:
+    """The ModelRunner keywords every rank builds its runner with."""
+    return dict(load_format=spec.load_format, seed=spec.seed, max_num_seqs=spec.max_num_seqs,
+                max_num_batched_tokens=spec.max_num_batched_tokens, enforce_eager=spec.enforce_eager,
+                enable_gemv=spec.enable_gemv, fused_rope_kv=spec.fused_rope_kv)
 
 
 def backend_for(device_type: str) -> str:
@@ -79,7 +88,7 @@ class Workers:
         self.spec = spec
         self.store = dist.TCPStore(
             HOST, 0, spec.world_size, is_master=True, wait_for_workers=False,
-            timeout=timedelta(seconds=START_TIMEOUT_S),
+            timeout=timedelta(seconds=spec.start_timeout_s),
         )  # fmt: skip
         spec.store_port = self.store.port
         cores = os.cpu_count() or 1
@@ -106,7 +115,7 @@ class Workers:
         return [p.stdin for p in self.procs]
 
     def _wait_keys(self, prefix: str, what: str) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + self.spec.start_timeout_s
         pending = set(range(1, self.spec.world_size))
         while pending:
             for rank in sorted(pending):
@@ -124,7 +133,7 @@ class Workers:
             if pending and time.monotonic() > deadline:
                 raise TimeoutError(
                     f"tensor-parallel workers {sorted(pending)} did not finish {what} within "
-                    f"{START_TIMEOUT_S:.0f} s (PAGODA_TP_START_TIMEOUT_S)"
+                    f"{self.spec.start_timeout_s:.0f} s (--tp-start-timeout)"
                 )
             if pending:
                 time.sleep(0.02)

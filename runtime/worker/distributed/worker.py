@@ -25,13 +25,7 @@ import torch.distributed as dist
 from pagoda.runtime.layers.parallel_state import tensor_parallel
 from pagoda.runtime.model_config import ModelConfig
 from pagoda.runtime.worker.distributed.channel import StepMessage, StepReceiver
-from pagoda.runtime.worker.distributed.launch import (
-    HOST,
-    START_TIMEOUT_S,
-    WorkerSpec,
-    join_group,
-    rank_device,
-)
+from pagoda.runtime.worker.distributed.launch import HOST, WorkerSpec, join_group, rank_device, runner_options
 from pagoda.runtime.worker.input_batch import StageLayout
 from pagoda.runtime.worker.model_runner import ModelRunner
 
@@ -60,7 +54,7 @@ class Worker:
             spec.store_port,
             spec.world_size,
             is_master=False,
-            timeout=timedelta(seconds=START_TIMEOUT_S),
+            timeout=timedelta(seconds=spec.start_timeout_s),
         )
         self.tp = join_group(rank, spec.world_size, self.store, spec.device_type)
         self.spec = spec
@@ -70,15 +64,7 @@ class Worker:
         spec = self.spec
         cfg = ModelConfig.from_path(Path(spec.model_path), spec.dtype, spec.max_model_len)
         with tensor_parallel(self.tp):
-            self.runner = ModelRunner(
-                cfg,
-                self.device,
-                spec.load_format,
-                spec.seed,
-                max_num_seqs=spec.max_num_seqs,
-                max_num_batched_tokens=spec.max_num_batched_tokens,
-                enforce_eager=spec.enforce_eager,
-            )
+            self.runner = ModelRunner(cfg, self.device, **runner_options(spec))
 
     @torch.inference_mode()
     def step(self, msg: StepMessage) -> None:
@@ -92,7 +78,7 @@ class Worker:
         else:
             hidden = runner.forward_eager(msg.num_tokens, msg.num_seqs, msg.max_query_len, msg.max_seq_len,
                                           msg.num_decode_seqs)
-        # The same LM-head calls as rank 0's ModelRunner.execute, in the same order: each one
+        # The same LM-head calls as rank 0's ModelRunner.launch, in the same order: each one
         # gathers this rank's vocabulary slice onto rank 0.
         if msg.num_sample:
             rows = (

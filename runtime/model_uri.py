@@ -1,7 +1,8 @@
 """Model URIs (`hf://org/name[@revision]`, `pvc://claim/path`) and where each lands in the cache.
 
-Shared by the operator (volume layout) and `pagoda download` (which runs in the runtime image), so it
-imports nothing beyond the standard library.
+Shared by `pagoda download` (which runs in the runtime image) and the operator (its volume layout and
+the CRD's rule), so it lives in the runtime, which never imports the operator, and imports nothing
+beyond the standard library.
 """
 
 from __future__ import annotations
