@@ -5,8 +5,8 @@ few engine settings in one process, plus a cProfile table of the host's hot func
 
 Each setting builds a fresh LLM on the W4 model (random weights), warms it with another draw, and
 runs W4's requests under StepRecorder (e2e/profile_gpu.py). `--ahead-first` also runs each setting
-with the step scheduled ahead launched before the frontend's output processing rather than after
-it (an A/B of EngineCore.step's order). Writes profile-w4-<commit>.json.
+with EngineCore.step's other order (overlap_aborts=False: the step ahead launched before the
+frontend's output processing), an A/B of the two. Writes profile-w4-<commit>.json.
 """
 
 from __future__ import annotations
@@ -27,32 +27,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from profile_gpu import StepRecorder, generate_fn, kernel_table, timed_generate  # noqa: E402
 
-from pagoda.runtime.core import engine_core  # noqa: E402
 from pagoda.runtime.frontend.llm import LLM  # noqa: E402
 from pagoda.runtime.sampling_params import SamplingParams  # noqa: E402
 from pagoda.runtime.tools.bench import workloads  # noqa: E402
-
-
-def step_ahead_first(self, overlap=None):
-    """EngineCore.step with the successor launched before `overlap` runs."""
-    if self._in_flight is not None:
-        (sched, pending), self._in_flight = self._in_flight, None
-    else:
-        sched = self.scheduler.schedule()
-        if sched.is_empty():
-            if overlap is not None:
-                overlap()
-            return []
-        pending = self.executor.launch(sched, self.kv_cache_manager)
-    if self.async_scheduling:
-        ahead = self.scheduler.schedule_ahead(sched)
-        if ahead is not None:
-            self._in_flight = (ahead, self.executor.launch(ahead, self.kv_cache_manager, pending))
-    if overlap is not None:
-        overlap()
-    result = pending.wait()
-    updated = self.scheduler.update_from_output(sched, result.sampled)
-    return self._outputs(updated, result.logprobs, result.prompt_logprobs)
 
 
 def main() -> int:
@@ -70,13 +47,14 @@ def main() -> int:
     warm = [r.prompt_token_ids for r in workloads.offline_requests(args.num_prompts, 16, seed=1)]
     result = {"commit": os.environ.get("PAGODA_COMMIT", "unknown"), "gpu": torch.cuda.get_device_name(),
               "torch": torch.__version__, "num_prompts": args.num_prompts, "runs": {}}
-    original = engine_core.EngineCore.step
-    orders = [("launch_after_overlap", original)] + ([("ahead_first", step_ahead_first)] if args.ahead_first else [])
+    # The A/B flips the frontend's answer to "may this step's processing abort?", which is what
+    # picks EngineCore.step's order: True keeps the old order, False launches the step ahead first.
+    orders = [("launch_after_overlap", True)] + ([("ahead_first", False)] if args.ahead_first else [])
     for seats in args.seats:
         llm = LLM(model=str(model), load_format="dummy", max_model_len=2048, max_num_seqs=seats, seed=0)
         rec = StepRecorder(llm.llm_engine)
-        for name, fn in orders:
-            engine_core.EngineCore.step = fn
+        for name, may_abort in orders:
+            llm.llm_engine.output_processor.has_stop_strings = lambda may_abort=may_abort: may_abort
             timed_generate(llm, rec, warm, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
             # a fresh draw each time: the prefix cache holds the last one
             seed = 10 + len(result["runs"])
@@ -85,7 +63,7 @@ def main() -> int:
             key = f"seats{seats}-{name}"
             result["runs"][key] = run
             print(key, json.dumps(run), flush=True)
-        engine_core.EngineCore.step = original
+        del llm.llm_engine.output_processor.has_stop_strings
         if args.kernels and seats == args.seats[0]:
             fresh = [r.prompt_token_ids for r in workloads.offline_requests(args.kernels, 64, 98)]
             short = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)

@@ -14,6 +14,7 @@ from pagoda.runtime.engine_args import EngineArgs
 from pagoda.runtime.frontend.server.app import build_app
 from pagoda.runtime.frontend.server.cli import build_engine_client, has_random_weights
 from pagoda.runtime.frontend.server.serving import ServerConfig
+from pagoda.runtime.tools.bench.bpe_vocab import bytes_to_unicode
 from pagoda.runtime.tools.tiny_models import build_tiny_model
 
 MODEL = "tiny"
@@ -69,19 +70,6 @@ class LiveServer:
 
 
 # ---- models ----------------------------------------------------------------------------------
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte-level alphabet: which printable character stands for each byte."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
 
 
 def byte_token_ids(tokenizer, data: bytes) -> list[int]:
