@@ -6,9 +6,10 @@
 #   bash e2e/run_w5.sh OUT_DIR [STAGE...]        STAGEs (default: pagoda vllm), in the order given:
 #     correctness  e2e/gpu_correctness_families.py (Qwen3, Gemma 2 and Qwen3-MoE shapes), ~3 min
 #     pagoda       `pagoda bench throughput --workload W5`, ~3 min
-#     vllm         installs vLLM from /tmp/vparts (../shared/tools/vllm-peer/README.md: one device call
-#                  per part first), then e2e/vllm_peer.py --workload W5, and the ratio to this
-#                  call's Pagoda result, ~5 min on a machine where vLLM has not compiled yet
+#     vllm         installs vLLM from $VLLM_PARTS (default /tmp/vp; ../shared/tools/vllm-peer/README.md:
+#                  one device call per part of .vllm/ first), then `pagoda bench throughput --workload W5
+#                  --backend vllm` with this call's Pagoda result as the peer (the JSON's
+#                  ratio_to_peer is vLLM's to Pagoda's), ~5 min where vLLM has not compiled yet
 #
 # Needs e2e/gpu_env.sh's set-up (the carried .whl/) and PAGODA_COMMIT (the copy there has no .git).
 # SMOKE=1 runs the correctness stage on tiny shapes on the CPU (checks this script, no figures).
@@ -37,22 +38,17 @@ stage_pagoda() {
 }
 
 stage_vllm() {
-    local model pagoda_result
-    model=$("$PY" -m pagoda.runtime.cli bench model w5 | tail -n 1)
+    local pagoda_result peer=()
     pagoda_result=$(ls -t "$OUT"/W5-pagoda-*.json 2>/dev/null | head -n 1)
+    [ -n "$pagoda_result" ] && peer=(--peer-result "$pagoda_result")
     if [ ! -d /tmp/vsite/vllm ]; then
-        rm -rf /tmp/vsite /tmp/vwheels && mkdir -p /tmp/vwheels
-        cat /tmp/vparts/part-* | tar -C /tmp/vwheels -xf - || return 1
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/vsite \
-            /tmp/vwheels/wheels/*.whl || return 1
+        bash .vllm/install-on-gpu "${VLLM_PARTS:-/tmp/vp}" || return 1
     fi
-    # vLLM's own FastAPI/pydantic: without Pagoda's /tmp/site; Pagoda's stdlib-only bench modules only.
+    # vLLM's own FastAPI/pydantic: without Pagoda's /tmp/site (the bench modules need none of it).
+    # The same bench command as Pagoda's stage, same seats; the ratio is vLLM's to this call's Pagoda.
     env PYTHONPATH=/tmp/vsite:/tmp/pagoda-src HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
-        timeout 480 python3 e2e/vllm_peer.py --workload W5 --model-dir "$model" --out "$OUT" || return 1
-    [ -z "$pagoda_result" ] && return 0
-    python3 -c 'import json, sys
-p, v = (json.load(open(f))["output_tokens_per_s"] for f in sys.argv[1:])
-print(f"W5: pagoda {p:.0f} tok/s, vllm {v:.0f} tok/s, ratio {p / v:.3f}")' "$pagoda_result" "$OUT/W5-vllm-seatsdefault.json"
+        timeout 480 python3 -m pagoda.runtime.cli bench throughput --workload W5 --backend vllm \
+        "${peer[@]}" --out "$OUT"
 }
 
 for stage in "${STAGES[@]}"; do

@@ -2,8 +2,9 @@
 
 The figure is the time per output token, the median over decode steps. Pagoda's side steps the
 engine itself (`LLMEngine.step`) and stamps the moment each new token is back on the host, so no
-server or queue sits in the measurement. The peer is transformers' `generate` with a static cache
-(which `generate` compiles with torch.compile on CUDA), timed by a streamer that stamps each token.
+server or queue sits in the measurement. `--backend hf` is transformers' `generate` with a static
+cache (which `generate` compiles with torch.compile on CUDA), timed by a streamer that stamps each
+token; `--backend vllm` steps vLLM's own engine the same way (vllm_peer.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pagoda.runtime.tools.bench.throughput import BENCH_DEFAULTS, BENCH_KNOBS, e
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--backend", default="pagoda", choices=["pagoda", "hf"])
+    p.add_argument("--backend", default="pagoda", choices=["pagoda", "hf", "vllm"])
     p.add_argument("--model", default="w1", help="w1 (synthetic folder, random weights) or a model folder")
     p.add_argument("--output-len", type=int, default=workloads.W2_OUTPUT_LEN)
     p.add_argument("--warmup-iters", type=int, default=2)
@@ -103,6 +104,12 @@ def run_hf(args, model_path, prompt) -> list[tuple[float, list[float]]]:
     return runs[args.warmup_iters:]
 
 
+def run_vllm(args, model_path, prompt) -> list[tuple[float, list[float]]]:
+    from pagoda.runtime.tools.bench import vllm_peer
+
+    return vllm_peer.run_latency(args, model_path, prompt)
+
+
 def summarize(runs: list[tuple[float, list[float]]]) -> dict:
     ttfts = [(stamps[0] - start) * 1e3 for start, stamps in runs]
     gaps = [(b - a) * 1e3 for _, stamps in runs for a, b in zip(stamps, stamps[1:])]
@@ -124,7 +131,7 @@ def summarize(runs: list[tuple[float, list[float]]]) -> dict:
 def run(args) -> int:
     model_path = workloads.resolve_model(args.model)
     request = workloads.w2_request(args.seed)
-    runner = run_pagoda if args.backend == "pagoda" else run_hf
+    runner = {"pagoda": run_pagoda, "hf": run_hf, "vllm": run_vllm}[args.backend]
     runs = runner(args, model_path, request.prompt_token_ids)
     figures = summarize(runs)
     if any(n != args.output_len for n in figures["output_tokens_per_run"]):

@@ -2,8 +2,8 @@
 
 The figure is output tokens divided by the wall time of the whole generation, after a warm-up,
 as BENCHMARKS.md defines it. `--backend hf` runs the same request list through transformers'
-static-batching `generate` (sdpa, left padding, batches in request order), so that the ratio between
-the two comes from one run on one machine.
+static-batching `generate` (sdpa, left padding, batches in request order), and `--backend vllm`
+through vLLM's `LLM` class (vllm_peer.py), so that the ratio comes from one run on one machine.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pagoda.runtime.tools.bench.roofline import W1_PUBLISHED_ROOFLINE, offline_r
 
 def add_arguments(p) -> None:
     p.add_argument("--workload", default="W1", choices=sorted(workloads.WORKLOADS), help="W1 (8B), W4 (0.5B) or W5 (W1 on Qwen3-30B-A3B)")
-    p.add_argument("--backend", default="pagoda", choices=["pagoda", "hf"])
+    p.add_argument("--backend", default="pagoda", choices=["pagoda", "hf", "vllm"])
     p.add_argument("--model", default=None, help="w1, w4 (synthetic folder, random weights) or a model folder; "
                    "default: the workload's model")
     p.add_argument("--num-prompts", type=int, default=None, help="cap the request count (first N of the draw)")
@@ -142,14 +142,25 @@ def run_hf(args, model_path, requests) -> dict:
             "peak_memory_gib": peak_memory_gib()}
 
 
+def run_vllm(args, model_path, requests) -> dict:
+    from pagoda.runtime.tools.bench import vllm_peer
+
+    if args.gpu_busy:
+        raise SystemExit("--gpu-busy profiles Pagoda's engine only; drop it with --backend vllm")
+    schema = Path(args.json_schema).read_text() if args.json_schema else None
+    return vllm_peer.run_throughput(args, model_path, requests, warmup_requests(args, len(requests)), schema)
+
+
+RUNNERS = {"pagoda": run_pagoda, "hf": run_hf, "vllm": run_vllm}
+
+
 def run(args) -> int:
     model_path = workloads.resolve_model(args.model or workloads.WORKLOAD_MODEL[args.workload])
     requests = workloads.WORKLOADS[args.workload](args.seed)
     full_count = len(requests)
     if args.num_prompts is not None:
         requests = requests[: args.num_prompts]
-    runner = run_pagoda if args.backend == "pagoda" else run_hf
-    measured = runner(args, model_path, requests)
+    measured = RUNNERS[args.backend](args, model_path, requests)
     config = workloads.load_config(model_path)
     tok_per_s = measured["output_tokens"] / measured["elapsed_s"]
     roof = offline_roofline(config, [len(r.prompt_token_ids) for r in requests], args.output_len)
