@@ -78,6 +78,10 @@ class EngineArgs:
                                           "or more, else 256)", type=int)
     max_num_batched_tokens: int | None = knob(None, "most tokens in one step, prefill and decode together "
                                                     "(default: 16k offline on big GPUs, else 8k)", type=human_int)
+    long_prefill_token_threshold: int = knob(0, "most prompt tokens one request prefills per step; 0 = as many "
+                                                "as the step's token budget leaves (a smaller chunk spreads a "
+                                                "long prompt over more steps, so the decodes beside it wait "
+                                                "less per token)", type=human_int)
     enable_prefix_caching: bool = knob(True, "reuse cached KV blocks of shared prompt prefixes", type=bool)
     seed: int = knob(0, "engine random seed", type=int)
     load_format: str = knob("auto", "weights from safetensors files, or 'dummy' random weights", type=str,

@@ -33,6 +33,7 @@ from pagoda.runtime.layers.parallel_state import kv_heads_per_rank
 from pagoda.runtime.memory import MemoryPlan, check_fits, plan_memory
 from pagoda.runtime.model_config import ModelConfig, resolve_model_path
 from pagoda.runtime.sampling_params import SamplingParams
+from pagoda.runtime.worker.compile_watch import WATCH
 from pagoda.runtime.worker.executor import build_executor
 
 logger = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ def resolve_device(device: str) -> torch.device:
 
 class EngineCore:
     def __init__(self, args: EngineArgs):
+        WATCH.install()
         self.args = args
         path = resolve_model_path(args.model, args.revision)
         self.model_config = ModelConfig.from_path(path, args.dtype, args.max_model_len)
@@ -81,7 +83,8 @@ class EngineCore:
             sliding_window=self.memory_plan.sliding_window,
         )
         self.scheduler = Scheduler(
-            self.kv_cache_manager, args.max_num_seqs, self.max_num_batched_tokens, max_len
+            self.kv_cache_manager, args.max_num_seqs, self.max_num_batched_tokens, max_len,
+            args.long_prefill_token_threshold,
         )
         # The step scheduled ahead and launched, whose tokens are read by the next step() call.
         self._in_flight: tuple | None = None
@@ -92,6 +95,12 @@ class EngineCore:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         logger.info("memory plan: %s", self.memory_plan.to_dict())
+        if self.device.type == "cuda":
+            # The Triton specializations a server meets, built now rather than in a user's step.
+            from pagoda.runtime.core.warmup import warm_up
+
+            warm_up(self)
+        WATCH.mark_started()
 
     def _plan_memory(self) -> MemoryPlan:
         args, cfg = self.args, self.model_config

@@ -2,7 +2,8 @@
 
 Every step it gives each running request, oldest first, the tokens it still lacks, then admits
 waiting requests in arrival order, all within a token budget and a sequence cap. A decode needs one
-token, a prefill as many as its budget allows (chunked prefill), and both share one batch. When the
+token, a prefill as many as its budget allows (chunked prefill; at most
+long_prefill_token_threshold per request and step when set), and both share one batch. When the
 pool has no block for a running request, the newest running request is preempted: its blocks go
 back and it is recomputed from its tokens later, ahead of the other waiting requests.
 """
@@ -49,8 +50,11 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         max_model_len: int,
+        long_prefill_token_threshold: int = 0,
     ):
         self.kv = kv_cache_manager
+        # vLLM's long_prefill_token_threshold: a cap on one request's prefill chunk per step.
+        self.chunk_cap = long_prefill_token_threshold if long_prefill_token_threshold > 0 else max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -76,7 +80,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget, self.chunk_cap)
             while self.kv.allocate_slots(request, num_new) is None:
                 victim = self.running.pop()  # the newest running request
                 self._preempt(victim)
@@ -163,7 +167,7 @@ class Scheduler:
                 computed_blocks, num_computed = self.kv.shared_prompt_blocks(source, request)
             else:
                 computed_blocks, num_computed = self.kv.get_computed_blocks(request)
-            num_new = min(request.num_tokens - num_computed, budget)
+            num_new = min(request.num_tokens - num_computed, budget, self.chunk_cap)
             if self.kv.allocate_slots(request, num_new, computed_blocks) is None:
                 break
             self.waiting.popleft()

@@ -137,3 +137,24 @@ def test_a_step_ahead_that_does_not_fit_takes_no_block(tiny_models):
     assert scheduler.schedule_ahead(current) is None
     assert {r.request_id: len(kv.req_to_blocks[r.request_id]) for r in scheduler.running} == before
     assert all(r.num_in_flight_tokens == 0 for r in scheduler.running)
+
+
+def test_long_prefill_token_threshold_caps_chunks_and_keeps_tokens(tiny_models):
+    """A capped prefill chunk spreads a long prompt over more steps while the decodes beside it
+    keep running, and every request still gets the tokens of the uncapped engine."""
+    prompts = make_prompts(3, lengths=(5, 90, 7, 60))
+    path = tiny_models["llama"]
+    expected = _run(_engine(path, True), prompts, stop_token=7)
+    capped = _engine(path, True, long_prefill_token_threshold=16)
+    chunks = []
+    launch = capped.runner.launch
+
+    def recording(sched, kv, previous=None):
+        chunks.append([item.num_tokens for item in sched.scheduled])
+        return launch(sched, kv, previous)
+
+    capped.runner.launch = recording
+    assert _run(capped, prompts, stop_token=7) == expected
+    assert max(max(step) for step in chunks) == 16
+    # The 90-token prompt took at least 6 chunks, and decodes ran in the steps beside them.
+    assert sum(1 for step in chunks if 16 in step and 1 in step) >= 3

@@ -18,7 +18,8 @@ import time
 # vLLM's own default (its seat count and step token budget are its to choose unless the run sets
 # them), so a ratio to vLLM "as shipped" needs no flag and one "at the same seats" needs one.
 SHARED_KNOBS = ("dtype", "max_model_len", "block_size", "gpu_memory_utilization", "max_num_seqs",
-                "max_num_batched_tokens", "enable_prefix_caching", "seed", "load_format", "enforce_eager")
+                "max_num_batched_tokens", "long_prefill_token_threshold", "enable_prefix_caching", "seed", "load_format",
+                "enforce_eager")
 
 
 def import_vllm():

@@ -1,0 +1,52 @@
+"""Triton compiles after start-up, made visible.
+
+A Triton kernel is built once per specialization: its constexprs, and for each integer argument
+whether it is 1 or a multiple of 16 (pointers: whether they are 16-byte aligned). A request with a
+shape that start-up never met builds one there and then, on the step thread, stalling every
+request in the batch for up to a second: the TTFT tail of issue 17. The engine's warm-up
+(pagoda.runtime.core.warmup) meets the shapes a server sees; this watch says, once per kernel and
+specialization, when one was missed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+
+class CompileWatch:
+    def __init__(self) -> None:
+        self.started = False
+        self.compiles_after_startup = 0
+        self._previous = None
+        self._installed = False
+
+    def install(self) -> None:
+        """Chain onto Triton's post-compile hook (a no-op where this Triton has none)."""
+        try:
+            from triton import knobs
+        except ImportError:
+            return
+        runtime = getattr(knobs, "runtime", None)
+        if runtime is None or not hasattr(runtime, "jit_post_compile_hook") or self._installed:
+            return
+        self._previous = runtime.jit_post_compile_hook
+        runtime.jit_post_compile_hook = self.on_compile
+        self._installed = True
+
+    def mark_started(self) -> None:
+        self.started = True
+
+    def on_compile(self, *, key, repr, fn, compile, is_manual_warmup, already_compiled):
+        if self._previous is not None:
+            self._previous(key=key, repr=repr, fn=fn, compile=compile, is_manual_warmup=is_manual_warmup,
+                           already_compiled=already_compiled)
+        if self.started and not is_manual_warmup:
+            self.compiles_after_startup += 1
+            logger.warning("Triton built %s.%s after start-up, stalling this step (the warm-up never met "
+                           "this specialization): %s", fn.module, fn.name, repr)
+        return None
+
+
+WATCH = CompileWatch()

@@ -1,0 +1,52 @@
+"""The start-up warm-up (runtime/core/warmup.py) runs on the GPU only; here it is run on the CPU
+engine directly, to show it leaves the engine as it found it: no request, no block held, counters
+at zero, and the next requests' output unchanged."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagoda.runtime.core.warmup import warm_up, warm_up_requests
+from pagoda.runtime.frontend.llm import LLM
+from pagoda.runtime.sampling_params import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from pagoda.runtime.tools.tiny_models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("warm") / "llama")
+
+
+def _generate(llm):
+    prompts = [{"prompt_token_ids": [3, 4, 5, 6, 7] * k} for k in (1, 3, 9)]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def test_warm_up_leaves_the_engine_as_it_was(model_dir):
+    kwargs = dict(model=str(model_dir), max_model_len=512, max_num_batched_tokens=96, num_kv_blocks=128,
+                  enforce_eager=True)
+    plain = LLM(**kwargs)
+    expected = _generate(plain)
+    warmed = LLM(**kwargs)
+    core = warmed.llm_engine.engine_core
+    assert warm_up(core) > 0
+    stats = core.stats()
+    assert (stats.num_running, stats.num_waiting, stats.prompt_tokens, stats.generation_tokens) == (0, 0, 0, 0)
+    assert stats.prefix_cache_queries == stats.num_preemptions == 0
+    assert core.kv_cache_manager.usage() == 0.0
+    assert _generate(warmed) == expected
+
+
+def test_warm_up_covers_the_specialization_classes():
+    reqs = warm_up_requests(vocab_size=1000, max_model_len=4096, budget=2048)
+    lens = [len(p) for p, _ in reqs]
+    # token counts of 1, of multiples of 16 and of neither; one prompt longer than a step's budget
+    assert 1 in lens and any(n % 16 == 0 for n in lens) and any(n % 16 not in (0, 1) for n in lens)
+    assert max(lens) > 2048
+    # a prompt that shares a cached prefix with an earlier one
+    assert any(reqs[-2][0][:64] == p[:64] for p, _ in reqs[:-2])
+    kinds = {(p.temperature == 0, p.logprobs is not None, p.needs_history) for _, p in reqs}
+    assert len(kinds) >= 4
+    assert all(0 <= t < 1000 for p, _ in reqs for t in p)

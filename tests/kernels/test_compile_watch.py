@@ -1,0 +1,35 @@
+"""CompileWatch: a Triton build after start-up is logged, one during start-up is not. Under the
+interpreter nothing is compiled, so the hook is called the way Triton's JIT calls it."""
+
+from __future__ import annotations
+
+import logging
+import types
+
+from triton import knobs
+
+from pagoda.runtime.worker.compile_watch import CompileWatch
+
+
+def _compile(watch, manual=False):
+    fn = types.SimpleNamespace(module="kernels.norm", name="_rms_norm_kernel")
+    watch.on_compile(key="k", repr="_rms_norm_kernel[num_warps=4](n_rows: i32)", fn=fn, compile={},
+                     is_manual_warmup=manual, already_compiled=False)
+
+
+def test_compiles_after_startup_are_logged(caplog, monkeypatch):
+    chained = []
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", lambda **kw: chained.append(kw["repr"]))
+    watch = CompileWatch()
+    watch.install()
+    assert knobs.runtime.jit_post_compile_hook == watch.on_compile
+    with caplog.at_level(logging.WARNING, logger="pagoda.runtime.worker.compile_watch"):
+        _compile(watch)  # start-up: expected
+        assert watch.compiles_after_startup == 0 and not caplog.records
+        watch.mark_started()
+        _compile(watch, manual=True)  # an explicit kernel.warmup(): not a stall
+        _compile(watch)
+    assert watch.compiles_after_startup == 1
+    (record,) = caplog.records
+    assert "kernels.norm._rms_norm_kernel" in record.getMessage() and "n_rows: i32" in record.getMessage()
+    assert len(chained) == 3  # a hook installed before ours still runs
