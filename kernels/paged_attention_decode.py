@@ -145,10 +145,13 @@ def _num_sms(device: torch.device) -> int:
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
     """Enough slices to keep PROGRAMS_PER_SM programs on every SM, but none shorter than
-    MIN_TOKENS_PER_SPLIT tokens of the longest sequence. Host arithmetic only."""
+    MIN_TOKENS_PER_SPLIT tokens of the longest sequence, rounded down to a power of two. Host
+    arithmetic only."""
     wanted = triton.cdiv(_num_sms(device) * PROGRAMS_PER_SM, max(1, num_seqs * num_kv_heads))
     by_length = triton.cdiv(max(1, max_seq_len), MIN_TOKENS_PER_SPLIT)
-    return max(1, min(wanted, by_length, MAX_SPLITS))
+    # A power of two: NUM_SPLITS is a constexpr, so each count is a kernel of its own, and six of
+    # them (1-32) can all be built at start-up (runtime/core/warmup.py), where 32 could not.
+    return 1 << (max(1, min(wanted, by_length, MAX_SPLITS)).bit_length() - 1)
 
 
 def choose_tile(num_programs: int, element_size: int, device: torch.device, head_dim: int = 128) -> tuple:

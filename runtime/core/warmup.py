@@ -1,12 +1,19 @@
-"""Start-up warm-up: a few synthetic requests through the real scheduler, runner and sampler, so
-that the Triton specializations and cuBLAS plans a server will need are built before the first
-user request, not during it (runtime/worker/compile_watch.py says why that matters).
+"""Start-up warm-up: the Triton specializations and cuBLAS plans a server will need are built
+before the first user request, not during it (runtime/worker/compile_watch.py says why that
+matters: on the H200 one missed decode-kernel variant put a 1 s stall into W3's TTFT p99).
 
-The requests cover what varies a kernel's specialization from step to step: token and sequence
-counts of 1, of multiples of 16 and of neither, prefills with and without cached context (chunked
-and prefix-cache hits), and the sampler's paths (greedy, top-k/top-p/min-p, seeded, logprobs,
-penalties). Afterwards nothing of them is left but evictable prefix-cache blocks, which hold the
-right KV for their tokens, and the engine's counters start from zero.
+Two parts:
+- Synthetic requests through the real scheduler, runner and sampler, arriving one per step while
+  the earlier ones decode. So the steps meet what varies a kernel's specialization from step to
+  step: token and sequence counts of 1, of multiples of 16 and of neither, mixed steps with any
+  number of decode rows in front (which moves the alignment of the prefill kernel's sliced
+  pointers), prefills with cached context (a prefix-cache hit, a chunked prompt), and the
+  sampler's paths (greedy, top-k/top-p/min-p, seeded, logprobs, penalties).
+- The decode attention kernel at every split count and tile it can be launched with (each is a
+  kernel of its own: NUM_SPLITS and the tile are constexprs), per distinct attention layer.
+
+Afterwards nothing of the requests is left but evictable prefix-cache blocks, which hold the right
+KV for their tokens, and the engine's counters start from zero.
 """
 
 from __future__ import annotations
@@ -19,8 +26,8 @@ from pagoda.runtime.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-PROMPT_LENS = (1, 7, 16, 33, 64, 128, 250)
-MAX_TOKENS = 4
+PROMPT_LENS = (1, 7, 16, 33, 64, 128, 250, 17, 3, 48, 5, 96)
+MAX_TOKENS = 8
 
 
 def warm_up_requests(vocab_size: int, max_model_len: int, budget: int) -> list[tuple[list[int], SamplingParams]]:
@@ -34,10 +41,10 @@ def warm_up_requests(vocab_size: int, max_model_len: int, budget: int) -> list[t
     ]
     limit = max(1, min(max_model_len - MAX_TOKENS, budget))
     prompts = [[rng.randrange(vocab_size) for _ in range(min(n, limit))] for n in PROMPT_LENS]
-    # Prefix-cache hits (cached context before the new tokens), and a prompt longer than one
-    # step's budget where it fits (chunked prefill).
-    shared = prompts[-1]
-    prompts += [shared[: min(len(shared), 64)] + [rng.randrange(vocab_size) for _ in range(9)]]
+    # A prefix-cache hit (cached context before the new tokens: it arrives after the 250-token
+    # prompt was computed), and a prompt longer than one step's budget where it fits (chunked).
+    shared = prompts[PROMPT_LENS.index(250)]
+    prompts.append(shared[: min(len(shared), 64)] + [rng.randrange(vocab_size) for _ in range(9)])
     long_len = min(budget + 17, max_model_len - MAX_TOKENS)
     if long_len > budget:
         prompts.append([rng.randrange(vocab_size) for _ in range(long_len)])
@@ -50,16 +57,57 @@ def warm_up(core) -> float:
 
     start = time.perf_counter()
     cfg = core.model_config
-    for i, (prompt, params) in enumerate(warm_up_requests(cfg.vocab_size, cfg.max_model_len,
-                                                          core.max_num_batched_tokens)):
-        core.add_request(EngineCoreRequest(f"warmup-{i}", prompt, params, None, params.max_tokens,
-                                           time.monotonic(), parent_id=f"warmup-{i}"))
-    while core.has_unfinished_requests():
+    pending = warm_up_requests(cfg.vocab_size, cfg.max_model_len, core.max_num_batched_tokens)
+    count = len(pending)
+    i = 0
+    while pending or core.has_unfinished_requests():
+        if pending:  # one arrival per step, beside the decodes of the earlier ones
+            prompt, params = pending.pop(0)
+            core.add_request(EngineCoreRequest(f"warmup-{i}", prompt, params, None, params.max_tokens,
+                                               time.monotonic(), parent_id=f"warmup-{i}"))
+            i += 1
         core.step()
+    runner = getattr(core.executor, "runner", None)
+    kernels = warm_up_decode_kernels(runner.model) if runner is not None and core.device.type == "cuda" else 0
     kv = core.kv_cache_manager
     kv.prefix_cache_queries = kv.prefix_cache_hits = 0
     core.scheduler.num_preemptions = 0
     core.prompt_tokens = core.generation_tokens = 0
     seconds = time.perf_counter() - start
-    logger.info("warm-up: %d requests in %.2f s", len(PROMPT_LENS) + 2, seconds)
+    logger.info("warm-up: %d requests and %d decode-kernel launches in %.2f s", count, kernels, seconds)
     return seconds
+
+
+def warm_up_decode_kernels(model) -> int:
+    """Launch the decode attention kernel once at every split count (powers of two up to
+    MAX_SPLITS) and both tiles, per distinct layer (heads, window, soft-cap, cache dtype), on
+    one-token rows that read block 0 of the real cache and write a scratch output."""
+    import torch
+
+    from pagoda.kernels import paged_attention_decode as dec
+
+    launches, seen = 0, set()
+    for layer in model.attention_layers():
+        k_cache = layer.k_cache
+        key = (layer.num_heads, layer.head_dim, layer.num_kv_heads, layer.sliding_window, layer.softcap,
+               k_cache.dtype, tuple(k_cache.shape[1:]))
+        if k_cache.numel() == 0 or key in seen:
+            continue
+        seen.add(key)
+        dev, es = k_cache.device, k_cache.element_size()
+        tiles = {dec.choose_tile(0, es, dev, layer.head_dim), dec.choose_tile(1 << 30, es, dev, layer.head_dim)}
+        num_seqs = 2
+        dtype = k_cache.dtype if k_cache.dtype.is_floating_point and k_cache.element_size() >= 2 else torch.bfloat16
+        q = torch.zeros(num_seqs, layer.num_heads, layer.head_dim, dtype=dtype, device=dev)
+        tables = torch.zeros(num_seqs, 1, dtype=torch.int32, device=dev)
+        seq_lens = torch.ones(num_seqs, dtype=torch.int32, device=dev)
+        qsl = torch.arange(num_seqs + 1, dtype=torch.int32, device=dev)
+        splits = 1
+        while splits <= dec.MAX_SPLITS:
+            for block_n, warps, stages in tiles:
+                dec.paged_attention_decode(q, k_cache, layer.v_cache, tables, seq_lens, qsl, layer.scale,
+                                           sliding_window=layer.sliding_window, softcap=layer.softcap,
+                                           num_splits=splits, block_n=block_n, num_warps=warps, num_stages=stages)
+                launches += 1
+            splits *= 2
+    return launches

@@ -50,3 +50,22 @@ def test_warm_up_covers_the_specialization_classes():
     kinds = {(p.temperature == 0, p.logprobs is not None, p.needs_history) for _, p in reqs}
     assert len(kinds) >= 4
     assert all(0 <= t < 1000 for p, _ in reqs for t in p)
+
+
+def test_decode_kernels_warm_up_at_every_split_count(model_dir):
+    """The launches the warm-up makes are valid ones (here under the interpreter): every
+    power-of-two split count up to MAX_SPLITS, with each tile, once per distinct layer."""
+    from pagoda.kernels import paged_attention_decode as dec
+    from pagoda.runtime.core.warmup import warm_up_decode_kernels
+
+    llm = LLM(model=str(model_dir), max_model_len=256, num_kv_blocks=32, enforce_eager=True)
+    model = llm.llm_engine.engine_core.executor.runner.model
+    layer = model.attention_layers()[0]
+    tiles = {dec.choose_tile(0, layer.k_cache.element_size(), layer.k_cache.device, layer.head_dim),
+             dec.choose_tile(1 << 30, layer.k_cache.element_size(), layer.k_cache.device, layer.head_dim)}
+    splits = dec.MAX_SPLITS.bit_length()  # 1, 2, 4, ..., MAX_SPLITS
+    assert warm_up_decode_kernels(model) == splits * len(tiles)
+    # choose_num_splits only ever picks one of the counts warmed up
+    counts = {dec.choose_num_splits(s, h, n, layer.k_cache.device) for s in (1, 3, 64) for h in (1, 2, 8)
+              for n in (1, 300, 5000, 100000)}
+    assert counts <= {1 << i for i in range(splits)} and len(counts) > 2
