@@ -15,6 +15,7 @@ from datetime import datetime, timedelta, timezone
 
 from kubernetes.client.exceptions import ApiException
 
+from pagoda.operator import cache_size
 from pagoda.operator.builders import meta
 from pagoda.operator.builders.deployment import build_deployment
 from pagoda.operator.builders.loader_job import PLAN_CONTAINER, build_loader_job, plan_memory_gib
@@ -266,6 +267,11 @@ def reconcile(cluster: Cluster, config: OperatorConfig, body, now: datetime | No
     elif cache.ready:  # a reload is under way: the old Deployment keeps serving
         deployment = _follow_replicas(cluster, ms, cluster.get("Deployment", ms.namespace, ms.name))
 
+    size = cache_size.check(ms, plan)
+    # Warned once per finding: when the plan arrives (the pass that loads it) or the spec changes,
+    # not on every resync.
+    if size and size[1] == "False" and (plan is not ms.status.plan or ms.status.observed_generation != ms.generation):
+        events.append(("Warning", size[2], size[3]))
     obs = Observation(
         cache=cache,
         loader=loader,
@@ -275,6 +281,7 @@ def reconcile(cluster: Cluster, config: OperatorConfig, body, now: datetime | No
         deployment=deployment,
         endpoint=endpoint(ms, config.cluster_domain) if deployment is not None else None,
         rejected=rejected,
+        cache_size=size,
     )
     status = compute_status(ms, obs, _iso(now))
     old_phase = ms.status.phase

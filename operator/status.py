@@ -14,7 +14,7 @@ from pagoda.operator.spec import ModelServer
 from pagoda.operator.status_schema import CacheStatus, LoaderStatus, PlanStatus
 
 CacheState = Literal["ready", "loading", "failed", "reloading", "reload-failed"]
-OWNED_CONDITIONS = ("CacheReady", "Available", "Progressing")
+OWNED_CONDITIONS = ("CacheReady", "CacheSizeSufficient", "Available", "Progressing")
 
 
 @dataclass(slots=True)
@@ -27,6 +27,7 @@ class Observation:
     deployment: dict | None  # the live Deployment, when there is one
     endpoint: str | None
     rejected: str | None = None  # the API server's word on a serving object it refused
+    cache_size: tuple[str, str, str, str] | None = None  # cache_size.check's condition, when known
 
 
 @dataclass(slots=True)
@@ -115,7 +116,7 @@ def _conditions(obs: Observation, ro: Rollout | None, phase: str) -> list[tuple[
             "Loading" if phase == "Loading" else "RollingOut",
             obs.cache_message if phase == "Loading" else "waiting for replicas to become ready",
         )
-    return [cache, available, progressing]
+    return [cache, *([obs.cache_size] if obs.cache_size else []), available, progressing]
 
 
 def merge_conditions(

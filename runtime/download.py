@@ -6,6 +6,12 @@
 
 A marker file (`.pagoda-download.json`) is written last, so a folder with the marker is complete: a
 retried Job skips the download, and a half-finished one is resumed by snapshot_download.
+
+`--prune-root ROOT` (the operator passes it for a cache claim of the ModelServer's own): once DIR is
+complete, every other model folder under ROOT (`ROOT/<org>/<name>/<revision>`, the layout the
+serving pods read) is removed, so a claim holds one model however often its URI changes. Pods of
+the old revision still running keep their files open: POSIX (and NFS's silly rename) frees them
+only when the last one closes, and by then the Deployment points at the new folder.
 Imports no torch, and nothing of the operator: the URI spelling lives in the runtime
 (runtime/model_uri.py), which the operator imports for its volume layout.
 """
@@ -15,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -33,6 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--force", action="store_true", help="download even if the marker says it is complete"
     )
     parser.add_argument("--max-workers", type=int, default=8, help="parallel file downloads")
+    parser.add_argument(
+        "--prune-root", metavar="ROOT",
+        help="once DIR is complete, remove the other model folders under ROOT (ROOT/<org>/<name>/<revision>)",
+    )  # fmt: skip
 
 
 def is_complete(folder: Path, uri: str) -> bool:
@@ -80,9 +91,33 @@ def download(uri: str, folder: str | os.PathLike, *, force: bool = False, max_wo
     return record
 
 
+# ROOT/<org>/<name>/<revision>: model_uri.ModelURI.cache_subpath below "hf/".
+MODEL_DEPTH = 3
+
+
+def prune(root: str | os.PathLike, keep: str | os.PathLike) -> list[str]:
+    """Remove every model folder under root but keep (which must be one of them), then the org and
+    name folders left empty. Returns the removed folders, relative to root. Anything else under root
+    (a stray file, a folder at another depth) is left alone."""
+    root, keep = Path(root).resolve(), Path(keep).resolve()
+    if len(keep.relative_to(root).parts) != MODEL_DEPTH:  # ValueError when keep is not under root
+        raise ValueError(f"{keep} is not a model folder of {root} (<org>/<name>/<revision>)")
+    removed = []
+    for folder in sorted(root.glob("/".join("*" * MODEL_DEPTH))):
+        if folder.is_dir() and not folder.is_symlink() and folder.resolve() != keep:
+            shutil.rmtree(folder)
+            removed.append(str(folder.relative_to(root)))
+    for parent in sorted(root.glob("*/*"), reverse=True) + sorted(root.glob("*"), reverse=True):
+        if parent.is_dir() and not parent.is_symlink() and not any(parent.iterdir()):
+            parent.rmdir()
+    return removed
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         record = download(args.uri, args.dir, force=args.force, max_workers=args.max_workers)
+        if args.prune_root:
+            record["pruned"] = prune(args.prune_root, args.dir)
     except (ValueError, FileNotFoundError) as exc:
         print(f"pagoda download: {exc}", file=sys.stderr)
         return 2

@@ -20,8 +20,10 @@ _PVC = re.compile(PVC_PATTERN)
 # A `..` would climb out of the model's folder in the cache (and in a pvc:// claim's subPath).
 PARENT = ".."
 
-# Where the cache volume is mounted, in the loader Job and in the serving pods.
+# Where the cache volume is mounted, in the loader Job and in the serving pods; hf:// models lie
+# under HF_FOLDER/<org>/<name>/<revision> in it.
 CACHE_MOUNT = "/models"
+HF_FOLDER = "hf"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +51,7 @@ class ModelURI:
             return self.path
         # Revisions may hold '/', which would nest folders; keep one folder per revision.
         rev = (self.revision or "main").replace("/", "--")
-        return f"hf/{self.repo_id}/{rev}"
+        return f"{HF_FOLDER}/{self.repo_id}/{rev}"
 
     @property
     def mount_path(self) -> str:

@@ -11,7 +11,7 @@ from pagoda.operator.config import OperatorConfig
 from pagoda.operator.gpus import gpu_memory_gib, quantity_gib
 from pagoda.operator.spec import ModelServer
 from pagoda.runtime.engine_args import to_cli_flags
-from pagoda.runtime.model_uri import CACHE_MOUNT
+from pagoda.runtime.model_uri import CACHE_MOUNT, HF_FOLDER
 
 PLAN_CONTAINER = "plan"
 # The plan's arguments follow the script ("$@"), so no path is ever re-parsed by the shell.
@@ -57,11 +57,16 @@ def build_loader_job(ms: ModelServer, config: OperatorConfig) -> dict | None:
     ]
     resources = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
     labels = meta.labels(ms, meta.LOADER_COMPONENT)
+    command = ["pagoda", "download", ms.spec.model.uri, uri.mount_path]
+    if meta.owns_cache_claim(ms):
+        # Our own claim holds one model: the other revisions go once this one is complete. A claim
+        # the user names (existingClaim) may be shared by other ModelServers, so it is never pruned.
+        command += ["--prune-root", f"{CACHE_MOUNT}/{HF_FOLDER}"]
     download = {
         "name": "download",
         "image": image,
         "imagePullPolicy": ms.spec.image_pull_policy,
-        "command": ["pagoda", "download", ms.spec.model.uri, uri.mount_path],
+        "command": command,
         "env": env,
         "resources": resources,
         "securityContext": security,

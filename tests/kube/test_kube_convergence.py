@@ -171,3 +171,66 @@ def test_a_loaded_cache_claim_grows_with_the_spec_and_never_shrinks(kube, operat
     assert warning[0]["type"] == "Warning" and claim() == "20Gi"
     assert kube.get("modelserver", "grown", ns)["status"]["phase"] == "Ready"
     kube.kubectl("delete", "modelserver", "grown", "-n", ns, "--wait=true", "--timeout=120s")
+
+
+def test_a_cache_below_the_plans_weights_is_flagged_naming_spec_cache_size(kube, operator):
+    ns = kube.namespace("small")
+    kube.apply(modelserver("small", ns, cache={"size": "10Gi", "retainOnDelete": False}))
+    wait_for(ready(kube, "small", ns), "Ready")
+    # kwok's loader pod prints no plan: write the figures its plan container reports for a model
+    # of 20 GiB of weights, as the reconcile would have read them back.
+    kube.kubectl("patch", "modelserver", "small", "-n", ns, "--subresource=status", "--type=merge", "-p",
+                 json.dumps({"status": {"plan": {"weightBytes": 20 * 2**30}}}))  # fmt: skip
+    kube.kubectl("patch", "modelserver", "small", "-n", ns, "--type=merge", "-p",
+                 json.dumps({"spec": {"cache": {"size": "12Gi"}}}))  # fmt: skip
+
+    def condition():
+        ms = kube.get("modelserver", "small", ns)
+        found = {c["type"]: c for c in ms["status"]["conditions"]}.get("CacheSizeSufficient")
+        return found if ms["status"].get("observedGeneration") == ms["metadata"]["generation"] else None
+
+    flagged = wait_for(condition, "the CacheSizeSufficient condition")
+    assert (flagged["status"], flagged["reason"]) == ("False", "CacheTooSmall")
+    assert "spec.cache.size 12Gi" in flagged["message"] and "22.0 GiB" in flagged["message"]
+    warning = wait_for(lambda: [e for e in kube.events(ns, "small") if e["reason"] == "CacheTooSmall"],
+                       "the Warning event")  # fmt: skip
+    assert warning[0]["type"] == "Warning" and "spec.cache.size" in warning[0]["message"]
+    assert kube.get("modelserver", "small", ns)["status"]["phase"] == "Ready"  # flagged, still serving
+
+    kube.kubectl("patch", "modelserver", "small", "-n", ns, "--type=merge", "-p",
+                 json.dumps({"spec": {"cache": {"size": "30Gi"}}}))  # fmt: skip
+    wait_for(lambda: (condition() or {}).get("status") == "True", "the condition to clear")
+    assert kube.get("pvc", "small-cache", ns)["spec"]["resources"]["requests"]["storage"] == "30Gi"
+    kube.kubectl("delete", "modelserver", "small", "-n", ns, "--wait=true", "--timeout=120s")
+
+
+def test_a_new_revision_reloads_with_a_loader_that_prunes_the_old_one(kube, operator):
+    """The new revision's loader Job runs (placed and admitted under the restricted standard) with
+    `--prune-root`, the Deployment moves to the new folder, the stale Job goes. kwok runs no
+    containers: the prune itself is tested on a real folder in tests/operator/test_operator_download.py."""
+    ns = kube.namespace("rev")
+    kube.apply(modelserver("rev", ns, cache={"retainOnDelete": False}))
+    wait_for(ready(kube, "rev", ns), "Ready")
+    (first,) = kube.items("job", ns, SELECT.format("rev"))
+    kube.kubectl("patch", "modelserver", "rev", "-n", ns, "--type=merge", "-p",
+                 json.dumps({"spec": {"model": {"uri": "hf://org/rev@v2"}}}))  # fmt: skip
+
+    def reloaded():
+        ms = kube.get("modelserver", "rev", ns)
+        deployment = kube.get("deployment", "rev", ns)
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        st = ms["status"]
+        return (st.get("observedGeneration") == ms["metadata"]["generation"] and st.get("phase") == "Ready"
+                and args[0] == "/models/hf/org/rev/v2")  # fmt: skip
+
+    wait_for(reloaded, "the Deployment on the new revision")
+    def only_the_new_job():
+        jobs = kube.items("job", ns, SELECT.format("rev"))
+        return jobs if [j["metadata"]["name"] for j in jobs] != [first["metadata"]["name"]] and len(jobs) == 1 else None
+
+    (job,) = wait_for(only_the_new_job, "the stale Job to go")
+    (download,) = job["spec"]["template"]["spec"]["initContainers"]
+    assert download["command"] == ["pagoda", "download", "hf://org/rev@v2", "/models/hf/org/rev/v2",
+                                   "--prune-root", "/models/hf"]  # fmt: skip
+    assert job["status"].get("succeeded") == 1
+    kube.kubectl("delete", "modelserver", "rev", "-n", ns, "--wait=true", "--timeout=120s")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import copy
 import math
 from pathlib import Path
@@ -19,6 +20,7 @@ from pagoda.operator.builders.pvc import build_cache_pvc
 from pagoda.operator.builders.service import build_service
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.spec import ModelServer
+from pagoda.runtime.download import add_arguments as download_arguments
 
 K8S_VERSION = "1.37"
 ROOT = Path(__file__).resolve().parents[2]
@@ -190,6 +192,19 @@ def test_cache_layout_per_uri_kind():
     }
 
 
+def download_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    download_arguments(parser)
+    return parser
+
+
+def test_loader_job_never_prunes_a_claim_it_does_not_own():
+    for name in ("existing-claim", "pvc-uri"):  # a user's claim may hold other ModelServers' models
+        (download,) = build_loader_job(modelserver(name), CONFIG)["spec"]["template"]["spec"]["initContainers"]
+        assert "--prune-root" not in download["command"], name
+        assert download_parser().parse_args(download["command"][2:]).prune_root is None
+
+
 def test_loader_job():
     ms = modelserver("full")
     job = build_loader_job(ms, CONFIG)
@@ -197,7 +212,10 @@ def test_loader_job():
     _restricted(pod)
     (download,), (plan,) = pod["initContainers"], pod["containers"]
     target = "/models/hf/meta-llama/Llama-3.1-8B-Instruct/0e9e39f249a16976918f6564b8830bc894c89659"
-    assert download["command"] == ["pagoda", "download", ms.spec.model.uri, target]
+    # The claim is the ModelServer's own: the other revisions on it go once this one is complete.
+    assert download["command"] == ["pagoda", "download", ms.spec.model.uri, target, "--prune-root", "/models/hf"]
+    download_args = download_parser().parse_args(download["command"][2:])
+    assert (download_args.dir, download_args.prune_root) == (target, "/models/hf")
     assert {
         "name": "HF_TOKEN",
         "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}},

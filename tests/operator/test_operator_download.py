@@ -78,3 +78,52 @@ def test_bad_uri_is_refused(tmp_path):
 def test_download_does_not_import_torch():
     code = "import sys, pagoda.runtime.download, pagoda.operator.main; assert 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def fake_cache(root) -> None:
+    """A cache claim after a few reloads: complete and half-done revisions, another model, a stray file."""
+    for folder in ("org/tiny/main", "org/tiny/v1", "other/model/main"):
+        (root / folder).mkdir(parents=True)
+        (root / folder / "model.safetensors").write_bytes(b"old weights")
+    (root / "org/tiny/main" / MARKER).write_text(json.dumps({"uri": "hf://org/tiny@main"}))
+    (root / "README").write_text("not a model folder: left alone")
+
+
+def test_a_complete_download_prunes_the_other_revisions(hub, tmp_path):
+    _, server = hub
+    env = {"HF_ENDPOINT": f"http://127.0.0.1:{server.server_port}", "HF_HUB_CACHE": str(tmp_path / "hf-cache"),
+           "HF_HUB_DISABLE_TELEMETRY": "1"}  # fmt: skip
+    root = tmp_path / "models" / "hf"
+    fake_cache(root)
+    target = root / "org" / "tiny" / "v2"
+
+    # A download that fails prunes nothing: the old revisions are what still serves.
+    failed = pagoda("download", "hf://org/missing@v2", str(root / "org/missing/v2"), "--prune-root", str(root), env=env)
+    assert failed.returncode != 0
+    assert all((root / f / "model.safetensors").is_file() for f in ("org/tiny/main", "org/tiny/v1", "other/model/main"))
+
+    result = pagoda("download", "hf://org/tiny@v2", str(target), "--prune-root", str(root), env=env)
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert record["pruned"] == ["org/missing/v2", "org/tiny/main", "org/tiny/v1", "other/model/main"]
+    assert [str(p.relative_to(root)) for p in root.glob("*/*/*")] == ["org/tiny/v2"]
+    assert (target / "config.json").is_file() and (target / MARKER).is_file()
+    assert sorted(p.name for p in root.iterdir()) == ["README", "org"]  # other/ went once empty
+
+    # The layout the serving pods read: the URI's own folder, as the operator mounts it.
+    from pagoda.runtime.model_uri import CACHE_MOUNT, ModelURI
+
+    assert ModelURI.parse("hf://org/tiny@v2").mount_path == f"{CACHE_MOUNT}/hf/org/tiny/v2"
+
+
+def test_prune_keeps_only_a_model_folder_of_the_root(tmp_path):
+    from pagoda.runtime.download import prune
+
+    root = tmp_path / "hf"
+    fake_cache(root)
+    with pytest.raises(ValueError, match="not a model folder"):
+        prune(root, root / "org" / "tiny")  # a typo must not wipe the claim
+    with pytest.raises(ValueError):
+        prune(root, tmp_path / "elsewhere" / "a" / "b" / "c")
+    assert prune(root, root / "org" / "tiny" / "main") == ["org/tiny/v1", "other/model/main"]
+    assert (root / "org/tiny/main/model.safetensors").read_bytes() == b"old weights"

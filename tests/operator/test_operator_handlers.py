@@ -289,3 +289,37 @@ async def test_retained_cache_and_failed_loader(apiserver):
         await call(cluster.delete, "ModelServer", NS, "flaky")
         await eventually(lambda: cluster.get("ModelServer", NS, "flaky") is None)
         assert (await call(cluster.get, "PersistentVolumeClaim", NS, "flaky-cache")) is not None
+
+
+def events(apiserver, reason: str) -> list[dict]:
+    return [
+        obj.raw
+        for (resource, _, _), obj in apiserver.objects.items()
+        if resource.plural == "events" and not obj.deleted and obj.get("reason") == reason
+    ]
+
+
+async def test_cache_smaller_than_the_plans_weights_is_flagged(apiserver):
+    """The real `pagoda plan` on the demo model (about 43 MB of float32 weights) against a 16Mi
+    claim: the pods still serve, the condition and a Warning name spec.cache.size, and raising the
+    size expands the claim and clears it."""
+    cluster = make_test_client()
+    async with running_operator(config=CONFIG):
+        body = modelserver("small", cache={"size": "16Mi"})
+        await call(cluster.create, body)
+        job = loader_job_name(ModelServer.from_body(body))
+        await eventually(lambda: cluster.get("Job", NS, job))
+        await call(finish_job, cluster, job)
+        st = await eventually(phase_is(cluster, "small", "Starting"), timeout=60)
+        flagged = condition(st, "CacheSizeSufficient")
+        assert (flagged["status"], flagged["reason"]) == ("False", "CacheTooSmall")
+        assert "spec.cache.size 16Mi" in flagged["message"]
+        warning = (await eventually(lambda: events(apiserver, "CacheTooSmall"), timeout=60))[0]
+        assert warning["type"] == "Warning" and "raise spec.cache.size" in warning["message"]
+        assert condition(st, "CacheReady")["status"] == "True"  # flagged, not refused
+
+        await call(cluster.patch, "ModelServer", NS, "small", {"spec": {"cache": {"size": "1Gi"}}})
+        await eventually(lambda: condition(status(cluster, "small"), "CacheSizeSufficient")["status"] == "True",
+                         timeout=60)  # fmt: skip
+        claim = await call(cluster.get, "PersistentVolumeClaim", NS, "small-cache")
+        assert claim["spec"]["resources"]["requests"]["storage"] == "1Gi"
