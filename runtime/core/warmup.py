@@ -22,6 +22,8 @@ import logging
 import random
 import time
 
+import torch
+
 from pagoda.runtime.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -68,7 +70,9 @@ def warm_up(core) -> float:
             i += 1
         core.step()
     runner = getattr(core.executor, "runner", None)
-    kernels = warm_up_decode_kernels(runner.model) if runner is not None and core.device.type == "cuda" else 0
+    kernels = 0
+    if runner is not None and core.device.type == "cuda":
+        kernels = warm_up_decode_kernels(runner.model, getattr(torch, cfg.dtype))
     kv = core.kv_cache_manager
     kv.prefix_cache_queries = kv.prefix_cache_hits = 0
     core.scheduler.num_preemptions = 0
@@ -78,12 +82,11 @@ def warm_up(core) -> float:
     return seconds
 
 
-def warm_up_decode_kernels(model) -> int:
+def warm_up_decode_kernels(model, dtype) -> int:
     """Launch the decode attention kernel once at every split count (powers of two up to
     MAX_SPLITS) and both tiles, per distinct layer (heads, window, soft-cap, cache dtype), on
-    one-token rows that read block 0 of the real cache and write a scratch output."""
-    import torch
-
+    one-token rows (queries in the compute dtype) that read block 0 of the real cache and write a
+    scratch output."""
     from pagoda.kernels import paged_attention_decode as dec
 
     launches, seen = 0, set()
@@ -97,7 +100,6 @@ def warm_up_decode_kernels(model) -> int:
         dev, es = k_cache.device, k_cache.element_size()
         tiles = {dec.choose_tile(0, es, dev, layer.head_dim), dec.choose_tile(1 << 30, es, dev, layer.head_dim)}
         num_seqs = 2
-        dtype = k_cache.dtype if k_cache.dtype.is_floating_point and k_cache.element_size() >= 2 else torch.bfloat16
         q = torch.zeros(num_seqs, layer.num_heads, layer.head_dim, dtype=dtype, device=dev)
         tables = torch.zeros(num_seqs, 1, dtype=torch.int32, device=dev)
         seq_lens = torch.ones(num_seqs, dtype=torch.int32, device=dev)

@@ -5,6 +5,7 @@ at zero, and the next requests' output unchanged."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from pagoda.runtime.core.warmup import warm_up, warm_up_requests
 from pagoda.runtime.frontend.llm import LLM
@@ -64,7 +65,7 @@ def test_decode_kernels_warm_up_at_every_split_count(model_dir):
     tiles = {dec.choose_tile(0, layer.k_cache.element_size(), layer.k_cache.device, layer.head_dim),
              dec.choose_tile(1 << 30, layer.k_cache.element_size(), layer.k_cache.device, layer.head_dim)}
     splits = dec.MAX_SPLITS.bit_length()  # 1, 2, 4, ..., MAX_SPLITS
-    assert warm_up_decode_kernels(model) == splits * len(tiles)
+    assert warm_up_decode_kernels(model, torch.float32) == splits * len(tiles)
     # choose_num_splits only ever picks one of the counts warmed up
     counts = {dec.choose_num_splits(s, h, n, layer.k_cache.device) for s in (1, 3, 64) for h in (1, 2, 8)
               for n in (1, 300, 5000, 100000)}
