@@ -23,8 +23,13 @@ def _load(paths) -> list[dict]:
     return [json.loads(Path(p).read_text()) for p in sorted(paths)]
 
 
+def rate_key(rate) -> str:
+    """'16' for 16 or 16.0 (the JSON may hold either), 'inf' for all at once."""
+    return "inf" if rate in ("inf", float("inf")) else f"{float(rate):g}"
+
+
 def by_rate(record: dict) -> dict[str, dict]:
-    return {str(r["request_rate"]): {k: r.get(k) for k in KEYS} for r in record["rates"]}
+    return {rate_key(r["request_rate"]): {k: r.get(k) for k in KEYS} for r in record["rates"]}
 
 
 def targets(pagoda: list[dict], vllm: dict) -> dict:
