@@ -14,6 +14,9 @@ _EXPORTS = {
     "StructuredOutputsParams": "pagoda.runtime.structured_outputs_params",
     "RequestOutput": "pagoda.runtime.frontend.outputs",
     "CompletionOutput": "pagoda.runtime.frontend.outputs",
+    "PoolingParams": "pagoda.runtime.pooling_params",
+    "PoolingRequestOutput": "pagoda.runtime.frontend.pooling_outputs",
+    "EmbeddingRequestOutput": "pagoda.runtime.frontend.pooling_outputs",
 }
 
 __all__ = list(_EXPORTS)

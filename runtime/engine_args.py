@@ -17,6 +17,7 @@ from dataclasses import MISSING, dataclass, field, fields
 
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
+RUNNERS = ("auto", "generate", "pooling")  # pagoda.runtime.pooling_config reads them too
 
 
 def human_int(value: str) -> int:
@@ -110,6 +111,14 @@ class EngineArgs:
     fused_rope_kv: bool = knob(True, "rotary embedding fused with the KV-cache write (one kernel)", type=bool)
     tp_start_timeout_s: float = knob(1800.0, "seconds tensor-parallel workers may take to load their shards",
                                      type=float, flag="--tp-start-timeout", metavar="SECONDS")
+    # vLLM's --runner: pooling serves embeddings (/v1/embeddings, LLM.embed) instead of text.
+    runner: str = knob("auto", "generate (text), pooling (embeddings), or auto: pooling for a checkpoint with "
+                               "sentence-transformers pooling files or a bare *Model architecture",
+                       type=str, choices=RUNNERS)
+    pooler_config: str | None = knob(None, "pooling runner: JSON that overrides the checkpoint's pooling, "
+                                           "e.g. '{\"pooling_type\": \"MEAN\", \"normalize\": true}' "
+                                           "(pooling_type LAST, MEAN or CLS)", type=str,
+                                     aliases=("--override-pooler-config",), metavar="JSON")
     # Who drives the engine: "llm_class" (offline batches, `LLM`) or "api_server" (`pagoda serve`).
     # It picks defaults that favour throughput or latency, as vLLM's usage context does.
     usage_context: str = knob("api_server", "llm_class or api_server", type=str, cli=False)
@@ -140,6 +149,8 @@ class EngineArgs:
             raise ValueError(f"usage_context must be llm_class or api_server; got {self.usage_context!r}")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}; got {self.load_format!r}")
+        if self.runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {', '.join(RUNNERS)}; got {self.runner!r}")
         if isinstance(self.served_model_name, str):
             self.served_model_name = [self.served_model_name]
 

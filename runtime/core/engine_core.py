@@ -32,6 +32,7 @@ from pagoda.runtime.engine_args import EngineArgs
 from pagoda.runtime.layers.parallel_state import kv_heads_per_rank
 from pagoda.runtime.memory import MemoryPlan, check_fits, plan_memory
 from pagoda.runtime.model_config import ModelConfig, resolve_model_path
+from pagoda.runtime.pooling_config import pooler_config_for, prefix_caching_for
 from pagoda.runtime.sampling_params import SamplingParams
 from pagoda.runtime.worker.compile_watch import WATCH
 from pagoda.runtime.worker.executor import build_executor
@@ -73,13 +74,17 @@ class EngineCore:
             args = self.args = dataclasses.replace(args, max_num_seqs=default_max_num_seqs(self.device))
         max_len = self.model_config.max_model_len
         self.max_num_batched_tokens = args.max_num_batched_tokens or default_token_budget(args, self.device)
+        # --runner pooling: prompts are pooled into embeddings instead of continued (pooling_config.py).
+        self.pooler_config = pooler_config_for(args.runner, path, self.model_config.architecture, args.pooler_config)
+        pooling_type = self.pooler_config.pooling_type if self.pooler_config else None
         # Local, or with tensor_parallel_size > 1 rank 0 of a tensor-parallel group (worker/executor.py).
-        self.executor = build_executor(self.model_config, self.device, args, self.max_num_batched_tokens)
+        self.executor = build_executor(self.model_config, self.device, args, self.max_num_batched_tokens,
+                                       pooling_type)
         self.memory_plan = self._plan_memory()
         check_fits(self.memory_plan)
         self.executor.allocate_kv_cache(self.memory_plan.num_kv_blocks, args.block_size)
         self.kv_cache_manager = KVCacheManager(
-            self.memory_plan.num_kv_blocks, args.block_size, args.enable_prefix_caching,
+            self.memory_plan.num_kv_blocks, args.block_size, prefix_caching(args, pooling_type),
             sliding_window=self.memory_plan.sliding_window,
         )
         self.scheduler = Scheduler(
@@ -89,7 +94,7 @@ class EngineCore:
         # The step scheduled ahead and launched, whose tokens are read by the next step() call.
         self._in_flight: tuple | None = None
         # Only a single-process runner can feed a step from the device ids of the one before.
-        self.async_scheduling = args.async_scheduling and self.executor.supports_ahead
+        self.async_scheduling = args.async_scheduling and self.executor.supports_ahead and pooling_type is None
         self.structured_outputs = StructuredOutputManager(self.model_config.vocab_size)
         self.executor.runner.sampler.structured_outputs = self.structured_outputs  # it fills the bitmasks
         self.prompt_tokens = 0
@@ -220,7 +225,23 @@ class EngineCore:
             overlap()
         result = pending.wait()
         updated = self.scheduler.update_from_output(sched, result.sampled)
-        return self._outputs(updated, result.logprobs, result.prompt_logprobs) + self._failed_outputs()
+        outputs = self._outputs(updated, result.logprobs, result.prompt_logprobs)
+        if result.pooled:
+            outputs += self._pooled_outputs(result.pooled)
+        return outputs + self._failed_outputs()
+
+    def _pooled_outputs(self, pooled: dict) -> list[EngineCoreOutput]:
+        """Prompts the pooling runner finished this step: done after their prefill, with the vector."""
+        outputs = []
+        for request_id, vector in pooled.items():
+            r = self.scheduler.requests.get(request_id)
+            if r is None:
+                continue  # aborted while its last chunk ran
+            self.scheduler.finish_request(r, RequestStatus.FINISHED_STOPPED)
+            self.prompt_tokens += r.num_prompt_tokens
+            outputs.append(EngineCoreOutput(request_id, [], None, None, "stop", None, max(r.num_cached_tokens, 0),
+                                            r.first_scheduled_time, r.num_preemptions, vector))
+        return outputs
 
     def _failed_outputs(self) -> list[EngineCoreOutput]:
         """Requests whose grammar did not compile: they end "abort", with no tokens."""
@@ -277,6 +298,13 @@ class EngineCore:
             prompt_tokens=self.prompt_tokens,
             generation_tokens=self.generation_tokens,
         )
+
+
+def prefix_caching(args: EngineArgs, pooling_type: str | None) -> bool:
+    enabled = prefix_caching_for(args.enable_prefix_caching, pooling_type)
+    if enabled != args.enable_prefix_caching:
+        logger.info("%s pooling needs every prompt token's hidden state: prefix caching is off", pooling_type)
+    return enabled
 
 
 def _big_gpu(device: torch.device) -> bool:

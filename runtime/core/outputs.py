@@ -31,6 +31,7 @@ class EngineCoreOutput(NamedTuple):
     num_cached_tokens: int  # prompt tokens found in the prefix cache on first scheduling
     first_scheduled_time: float | None  # time.monotonic() of its first schedule (queue time)
     num_preemptions: int
+    pooled: object = None  # pooling runner: the prompt's pooled vector (float32 numpy), when it finishes
 
 
 @dataclass(slots=True)

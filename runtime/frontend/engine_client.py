@@ -17,9 +17,10 @@ from collections.abc import Callable
 from typing import Any
 
 from pagoda.runtime.core.core_loop import AbortCommand, AddCommand, InitStructuredOutputsCommand
-from pagoda.runtime.frontend.output_processor import OutputProcessor
+from pagoda.runtime.frontend.output_processor import output_processor_for
 from pagoda.runtime.frontend.processor import InputProcessor
 from pagoda.runtime.model_config import ModelConfig, generation_defaults
+from pagoda.runtime.pooling_config import pooler_config_for, prefix_caching_for
 from pagoda.runtime.sampling_params import RequestOutputKind
 
 logger = logging.getLogger("pagoda.server")
@@ -91,6 +92,7 @@ class EngineClient:
     def __init__(self, engine_args, model_config: ModelConfig, tokenizer, stats: dict | None = None,
                  max_queue_len: int | None = None):
         self.tokenizer = tokenizer
+        self.model_config = model_config
         self.max_model_len: int = model_config.max_model_len
         self.vocab_size: int | None = model_config.vocab_size
         self.max_queue_len = max_queue_len
@@ -99,14 +101,20 @@ class EngineClient:
         # Sampling defaults for what a request leaves unset (generation_config.json).
         self.generation_defaults = generation_defaults(engine_args.generation_config, model_config.path)
         self.enable_log_requests = engine_args.enable_log_requests
-        self.output_processor = OutputProcessor(tokenizer)
+        # --runner pooling: /v1/embeddings instead of text (pooling_config.py).
+        self.pooler_config = pooler_config_for(engine_args.runner, model_config.path, model_config.architecture,
+                                               engine_args.pooler_config)
+        self.processor.pooling = self.pooler_config is not None
+        self.output_processor = output_processor_for(tokenizer, self.pooler_config)
         self._streams: dict[str, RequestStream] = {}
         self._stats: dict = stats or {}
         self._pending: dict[str, asyncio.Future] = {}  # adds the engine has not answered yet
         self._loop: asyncio.AbstractEventLoop | None = None
         self.dead_reason: str | None = None
         self._cache_config = {"block_size": engine_args.block_size,
-                              "enable_prefix_caching": engine_args.enable_prefix_caching,
+                              "enable_prefix_caching": prefix_caching_for(
+                                  engine_args.enable_prefix_caching,
+                                  self.pooler_config.pooling_type if self.pooler_config else None),
                               "cache_dtype": "auto"}
         self._grammars_init: asyncio.Future | None = None  # the TokenizerInfo sent to the core
         self._stopping = False  # set by shutdown(): the engine's end is then no death

@@ -7,14 +7,16 @@ from collections.abc import Sequence
 
 from pagoda.runtime.engine_args import EngineArgs
 from pagoda.runtime.frontend.llm_engine import LLMEngine
+from pagoda.runtime.frontend.llm_pooling import PoolingMixin
 from pagoda.runtime.frontend.outputs import RequestOutput
 from pagoda.runtime.frontend.tokenizer import apply_chat_template
 from pagoda.runtime.sampling_params import RequestOutputKind, SamplingParams
 
 
-class LLM:
+class LLM(PoolingMixin):
     """LLM(model, **engine_args): every keyword is an EngineArgs knob (pagoda.runtime.engine_args),
-    with its default there; an unknown one is a TypeError that names the close matches."""
+    with its default there; an unknown one is a TypeError that names the close matches.
+    With runner="pooling", embed() and encode() make embeddings (frontend/llm_pooling.py)."""
 
     def __init__(self, model: str, **kwargs):
         args = EngineArgs(model=model, **{"usage_context": "llm_class", **kwargs})
@@ -46,6 +48,7 @@ class LLM:
         use_tqdm: bool = True,
         prompt_token_ids: Sequence[Sequence[int]] | None = None,
     ) -> list[RequestOutput]:
+        self._check_generating("generate")
         texts, token_ids = self._normalize_prompts(prompts, prompt_token_ids)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
@@ -66,6 +69,7 @@ class LLM:
         add_generation_prompt: bool = True,
     ) -> list[RequestOutput]:
         """One conversation (a list of {"role", "content"} dicts) or a list of them."""
+        self._check_generating("chat")
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tokenizer = self.get_tokenizer()
         texts = [

@@ -14,11 +14,12 @@ import time
 from pagoda.runtime.core.engine_core import EngineCore
 from pagoda.runtime.core.outputs import EngineCoreOutput, EngineStats
 from pagoda.runtime.engine_args import EngineArgs
-from pagoda.runtime.frontend.output_processor import OutputProcessor
+from pagoda.runtime.frontend.output_processor import output_processor_for
 from pagoda.runtime.frontend.outputs import RequestOutput
 from pagoda.runtime.frontend.processor import InputProcessor
 from pagoda.runtime.frontend.tokenizer import load_tokenizer
 from pagoda.runtime.model_config import generation_defaults, resolve_model_path
+from pagoda.runtime.pooling_params import PoolingParams
 from pagoda.runtime.sampling_params import SamplingParams
 
 
@@ -32,7 +33,10 @@ class LLMEngine:
         self.processor = InputProcessor(self.model_config, self.tokenizer, args.max_logprobs,
                                         args.structured_outputs_disable_any_whitespace)
         self.generation_defaults = generation_defaults(args.generation_config, self.model_config.path)
-        self.output_processor = OutputProcessor(self.tokenizer)
+        # --runner pooling: embeddings (LLM.embed / encode) instead of text.
+        self.pooler_config = self.engine_core.pooler_config
+        self.processor.pooling = self.pooler_config is not None
+        self.output_processor = output_processor_for(self.tokenizer, self.pooler_config)
         self._records: list[EngineCoreOutput] = []  # the last step's, processed during the next
         self._ready: list[RequestOutput] = []  # outputs due at the next step() (aborts)
         self._grammars_ready = False  # the core has xgrammar's TokenizerInfo
@@ -66,7 +70,7 @@ class LLMEngine:
         self.engine_core.shutdown()
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    params: SamplingParams | None = None, arrival_time: float | None = None) -> None:
+                    params: SamplingParams | PoolingParams | None = None, arrival_time: float | None = None) -> None:
         params = params or SamplingParams()
         arrival = time.monotonic() if arrival_time is None else arrival_time
         if request_id in self.output_processor.states:

@@ -269,3 +269,12 @@ def _finish_reason(state: RequestState) -> str:
     if "length" in reasons:
         return "length"
     return reasons[0] if reasons else "stop"
+
+
+def output_processor_for(tokenizer, pooler_config=None, metrics=None):
+    """The OutputProcessor, or for the pooling runner its PoolingOutputProcessor."""
+    if pooler_config is None:
+        return OutputProcessor(tokenizer, metrics)
+    from pagoda.runtime.frontend.pooling_processor import PoolingOutputProcessor
+
+    return PoolingOutputProcessor(pooler_config, metrics)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 
 from pagoda.runtime.core.engine_core import EngineCoreRequest
+from pagoda.runtime.frontend.pooling_processor import pooling_request
 from pagoda.runtime.frontend.structured_outputs import GrammarChecker
 from pagoda.runtime.model_config import ModelConfig
+from pagoda.runtime.pooling_params import PoolingParams
 from pagoda.runtime.sampling_params import SamplingParams
 
 
@@ -33,11 +35,19 @@ class InputProcessor:
         self.extra_eos_ids = [t for t in model_config.eos_token_ids if t != eos]
         self.grammars = GrammarChecker(tokenizer, model_config.vocab_size)
         self.disable_any_whitespace = disable_any_whitespace
+        self.pooling = False  # the pooling runner: PoolingParams requests only (set by the engine's owner)
 
     def process(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                 arrival_time: float) -> list[EngineCoreRequest]:
         """The request's core requests, or a ValueError that says what is wrong with it."""
         max_len = self.max_model_len
+        if self.pooling != isinstance(params, PoolingParams):
+            raise ValueError("this engine runs the pooling runner: it makes embeddings, not text" if self.pooling
+                             else "this engine generates text; embeddings need the pooling runner (--runner pooling)")
+        if self.pooling:
+            if prompt_token_ids and not _valid_token_ids(prompt_token_ids, self.vocab_size):
+                raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
+            return [pooling_request(request_id, prompt_token_ids, params, arrival_time, max_len)]
         if not prompt_token_ids:
             raise ValueError("the prompt is empty: give at least one token")
         if not _valid_token_ids(prompt_token_ids, self.vocab_size):

@@ -15,6 +15,12 @@ _REGISTRY = {
     "Gemma3ForCausalLM": ("pagoda.runtime.models.gemma3", "Gemma3ForCausalLM"),
     "Phi3ForCausalLM": ("pagoda.runtime.models.phi3", "Phi3ForCausalLM"),
 }
+# What AutoModel saves (no LM head): embedding checkpoints, served by the pooling runner
+# (models/pooling_adapter.py adds the `model.` prefix their tensor names lack).
+_REGISTRY |= {bare: _REGISTRY[causal] for bare, causal in (
+    ("LlamaModel", "LlamaForCausalLM"), ("MistralModel", "MistralForCausalLM"), ("Qwen2Model", "Qwen2ForCausalLM"),
+    ("Qwen3Model", "Qwen3ForCausalLM"), ("Gemma2Model", "Gemma2ForCausalLM"), ("Gemma3TextModel", "Gemma3ForCausalLM"),
+    ("Phi3Model", "Phi3ForCausalLM"))}
 
 SUPPORTED_ARCHITECTURES = tuple(_REGISTRY)
 

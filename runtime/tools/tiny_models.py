@@ -184,12 +184,41 @@ def build_tiny_model(path: str | Path, family: str = "llama", seed: int = 0, **o
     return path
 
 
+ST_POOLING_MODES = ("mean_tokens", "lasttoken", "cls_token")
+
+
+def write_sentence_transformers(path: str | Path, mode: str = "mean_tokens", normalize: bool = True,
+                                hidden_size: int = 64) -> None:
+    """modules.json and 1_Pooling/config.json as sentence-transformers saves them (a Normalize module
+    when normalize), which the pooling runner reads its pooling from (pagoda.runtime.pooling_config)."""
+    path = Path(path)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        (path / "2_Normalize").mkdir(exist_ok=True)
+    (path / "modules.json").write_text(json.dumps(modules, indent=2))
+    (path / "1_Pooling").mkdir(exist_ok=True)
+    config = {"word_embedding_dimension": hidden_size, "pooling_mode_cls_token": False,
+              "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": False,
+              "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
+              "pooling_mode_lasttoken": False, "include_prompt": True}
+    config[f"pooling_mode_{mode}"] = True
+    (path / "1_Pooling" / "config.json").write_text(json.dumps(config, indent=2))
+
+
 def add_arguments(parser) -> None:
     parser.add_argument("path", help="folder to write the checkpoint into")
     parser.add_argument("--family", default="llama", choices=FAMILIES)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sentence-transformers", choices=ST_POOLING_MODES, default=None, metavar="MODE",
+                        help="also write sentence-transformers pooling files (mean_tokens, lasttoken or "
+                             "cls_token, normalized): an embedding checkpoint for --runner pooling")
 
 
 def run(args) -> int:
-    print(build_tiny_model(args.path, args.family, args.seed))
+    path = build_tiny_model(args.path, args.family, args.seed)
+    if args.sentence_transformers:
+        write_sentence_transformers(path, args.sentence_transformers)
+    print(path)
     return 0

@@ -69,12 +69,14 @@ def runner_options(args) -> dict:
                 fused_rope_kv=args.fused_rope_kv)
 
 
-def build_executor(cfg: ModelConfig, device: torch.device, args, max_num_batched_tokens: int) -> Executor:
+def build_executor(cfg: ModelConfig, device: torch.device, args, max_num_batched_tokens: int,
+                   pooling_type: str | None = None) -> Executor:
+    """pooling_type: LAST, MEAN or CLS for the pooling runner (pooling_config.py), None to generate."""
     from pagoda.runtime.worker.distributed.executor import TensorParallelExecutor, check_tensor_parallel
 
     tp_size = args.tensor_parallel_size
     check_tensor_parallel(cfg, tp_size, device)
-    options = runner_options(args) | {"max_num_batched_tokens": max_num_batched_tokens}
+    options = runner_options(args) | {"max_num_batched_tokens": max_num_batched_tokens, "pooling_type": pooling_type}
     if tp_size == 1:
         return LocalExecutor(ModelRunner(cfg, device, **options))
     return TensorParallelExecutor(cfg, device, tp_size, options, args.tp_start_timeout_s)

@@ -123,6 +123,15 @@ class StepBatch:
     pad_seqs: int = 0  # >0: a decode step padded to this CUDA-graph bucket
 
 
+def batch_order(scheduled: list) -> tuple[list, list]:
+    """The scheduled requests in row order, and the one-token ones among them. One-token rows come
+    first, so attention can send them to the decode kernel as one slice."""
+    decodes = [s for s in scheduled if s.num_tokens == 1]
+    if 0 < len(decodes) < len(scheduled):
+        scheduled = decodes + [s for s in scheduled if s.num_tokens != 1]
+    return scheduled, decodes
+
+
 @dataclass(slots=True)
 class _Blocks:
     """One request's block ids, mirrored from the KV manager's list while that list lives."""
@@ -157,11 +166,7 @@ class BatchBuilder:
     def build(self, sched: SchedulerOutput, kv: KVCacheManager, pad_seqs: int | None) -> StepBatch:
         """Write the step's inputs into the buffers. pad_seqs (decode steps only) pads the batch
         to that many one-token sequences."""
-        scheduled = sched.scheduled
-        # One-token rows first, so attention can send them to the decode kernel as one slice.
-        decodes = [s for s in scheduled if s.num_tokens == 1]
-        if 0 < len(decodes) < len(scheduled):
-            scheduled = decodes + [s for s in scheduled if s.num_tokens != 1]
+        scheduled, decodes = batch_order(sched.scheduled)
         bs = self.block_size
         num_seqs = len(scheduled)
         num_tokens = sum(s.num_tokens for s in scheduled)

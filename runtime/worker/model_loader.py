@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from pagoda.runtime.model_config import ModelConfig
+from pagoda.runtime.models.pooling_adapter import as_pooling_model, pooling_weights
 from pagoda.runtime.models.registry import get_model_class
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -42,7 +43,9 @@ def iter_safetensors(path: Path, lazy: bool = False) -> Iterator[tuple[str, obje
                 yield key, (f.get_slice(key) if lazy else f.get_tensor(key))
 
 
-def load_model(cfg: ModelConfig, device: torch.device, load_format: str = "auto", seed: int = 0) -> nn.Module:
+def load_model(cfg: ModelConfig, device: torch.device, load_format: str = "auto", seed: int = 0,
+               pooling: bool = False) -> nn.Module:
+    """pooling: for the pooling runner, without the LM head (models/pooling_adapter.py)."""
     model_cls = get_model_class(cfg.architecture)
     dtype = TORCH_DTYPES[cfg.dtype]
     previous = torch.get_default_dtype()
@@ -58,6 +61,8 @@ def load_model(cfg: ModelConfig, device: torch.device, load_format: str = "auto"
     else:
         weights = iter_safetensors(cfg.path, lazy=True)
         where = f"checkpoint in {cfg.path}"
+    if pooling:
+        model, weights = as_pooling_model(model), pooling_weights(weights)
     with torch.no_grad():
         loaded = model.load_weights(weights)
     expected = {n for n, _ in model.named_parameters()}

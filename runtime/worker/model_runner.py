@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from pagoda.kernels import ops
@@ -29,8 +30,9 @@ from pagoda.runtime.core.scheduler import SchedulerOutput
 from pagoda.runtime.model_config import ModelConfig
 from pagoda.runtime.worker.attention_context import AttentionContext, attention_context
 from pagoda.runtime.worker.cuda_graphs import DecodeGraphs, capture_sizes, padded_size
-from pagoda.runtime.worker.input_batch import BatchBuilder, InputBuffers, StepBatch
+from pagoda.runtime.worker.input_batch import BatchBuilder, InputBuffers, StepBatch, batch_order
 from pagoda.runtime.worker.model_loader import TORCH_DTYPES, load_model
+from pagoda.runtime.worker.pooler import Pooler
 from pagoda.runtime.worker.sampler import Sampler, gather_logprobs, index_on
 
 logger = logging.getLogger(__name__)
@@ -41,6 +43,7 @@ class ModelRunnerOutput:
     sampled: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    pooled: dict[str, np.ndarray] = field(default_factory=dict)  # pooling runner: finished prompts' vectors
 
 
 @dataclass(slots=True)
@@ -53,6 +56,7 @@ class PendingStep:
     done: torch.cuda.Event | None = None
     device_token_ids: torch.Tensor | None = None  # the same ids on the device, for a step ahead
     sample_later: object | None = None  # deferred sampling (SchedulerOutput.defer_sampling)
+    pooled: tuple[list[str], torch.Tensor] | None = None  # pooling runner: ids, vectors on the device
 
     def sample(self) -> None:
         """Enqueue a deferred sampling now; the matchers have seen the step before's tokens."""
@@ -69,6 +73,9 @@ class PendingStep:
             for r, token in zip(self.requests, self.token_ids.tolist()):
                 sampled[r.request_id] = token
             self.token_ids = None
+        if self.pooled is not None:
+            (ids, vectors), self.pooled = self.pooled, None
+            self.out.pooled.update(zip(ids, vectors.cpu().numpy()))
         return self.out
 
 
@@ -87,13 +94,16 @@ class ModelRunner:
         enforce_eager: bool = False,
         enable_gemv: bool = True,
         fused_rope_kv: bool = True,
+        pooling_type: str | None = None,
     ):
         ops.configure(enable_gemv=enable_gemv, fused_rope_kv=fused_rope_kv)  # once, before any kernel
         self.model_config = model_config
         self.device = device
         self.dtype = TORCH_DTYPES[model_config.dtype]
         torch.manual_seed(seed)
-        self.model = load_model(model_config, device, load_format, seed)
+        self.model = load_model(model_config, device, load_format, seed, pooling=pooling_type is not None)
+        # The pooling runner (--runner pooling) pools hidden states instead of sampling.
+        self.pooler = Pooler(pooling_type) if pooling_type is not None else None
         self.sampler = Sampler(model_config.vocab_size, device, seed)
         self.max_num_seqs = max_num_seqs
         self.max_num_tokens = max(max_num_batched_tokens, max_num_seqs)
@@ -178,7 +188,8 @@ class ModelRunner:
         with attention_context(ctx):
             hidden = self.model(ids, positions)
         rows = torch.arange(self.max_num_seqs, device=dev) % hidden.shape[0]
-        self._profile_sampling(self.model.compute_logits(hidden[rows]))
+        if self.pooler is None:
+            self._profile_sampling(self.model.compute_logits(hidden[rows]))
         del hidden
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
@@ -229,6 +240,8 @@ class ModelRunner:
         is_decode = sched.total_num_tokens == num_seqs  # one query token per request
         pad = padded_size(num_seqs, self.graph_sizes) if is_decode and self.graphs else None
         batch = self.builder.build(sched, kv, pad)
+        if self.pooler is not None:
+            batch.sample_requests = []  # nothing is sampled (tensor-parallel ranks see it too)
         if self.on_staged is not None:
             self.on_staged(batch)
         if sched.ahead:
@@ -280,6 +293,9 @@ class ModelRunner:
         scheduled ahead (sched.ahead) takes its input ids from `previous`, the step it follows."""
         batch, hidden = self._forward(sched, kv, previous)
         pending = PendingStep(ModelRunnerOutput())
+        if self.pooler is not None:
+            pending.pooled = self.pooler.pool(hidden, batch_order(sched.scheduled)[0])
+            return pending
         out = pending.out
         to_sample = batch.sample_requests
         if to_sample:

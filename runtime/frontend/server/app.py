@@ -1,4 +1,4 @@
-"""The FastAPI app: OpenAI's routes, plus /tokenize, /detokenize, /health, /version and /metrics.
+"""The FastAPI app: OpenAI's routes (/v1/embeddings with --runner pooling), plus /tokenize, /detokenize, /health, /version and /metrics.
 
 `build_app(client, config)` wires an already-built engine client (tests hand in their own);
 `pagoda serve` builds the engine from flags first (server/cli.py).
@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pagoda.runtime.frontend.engine_client import EngineClient
 from pagoda.runtime.frontend.server.api_keys import load_api_keys
+from pagoda.runtime.frontend.server.embedding_protocol import EmbeddingRequest, EmbeddingResponse
 from pagoda.runtime.frontend.server.errors import bad_request, error_body, install_error_handlers
 from pagoda.runtime.frontend.server.guard import GuardMiddleware
 from pagoda.runtime.frontend.server.limits import RequestLimits
@@ -39,6 +40,7 @@ from pagoda.runtime.frontend.server.renderer import PromptRenderer
 from pagoda.runtime.frontend.server.serving import ClientDisconnected, ServerConfig
 from pagoda.runtime.frontend.server.serving_chat import ServingChat, template_message
 from pagoda.runtime.frontend.server.serving_completion import ServingCompletion
+from pagoda.runtime.frontend.server.serving_embedding import ServingEmbedding, check_runner
 from pagoda.runtime.frontend.server.unicode import UnicodeSafeRoute
 
 # Documented on every OpenAI route, so that the OpenAPI schema (and fuzzers reading it) know them.
@@ -85,6 +87,7 @@ def build_app(client: EngineClient, config: ServerConfig, metrics: ServerMetrics
     renderer = PromptRenderer(client.tokenizer, client.max_model_len, config.chat_template)
     completions = ServingCompletion(client, config, renderer)
     chat = ServingChat(client, config, renderer)
+    embeddings = ServingEmbedding(client, config, renderer)
     started = int(time.time())
 
     @asynccontextmanager
@@ -140,14 +143,20 @@ def build_app(client: EngineClient, config: ServerConfig, metrics: ServerMetrics
 
     @app.post("/v1/completions", responses={200: {"model": CompletionResponse, "content": SSE}, **ERROR_RESPONSES})
     async def create_completion(req: CompletionRequest, raw: Request):
+        check_runner(client, "Completions", pooling=False)
         limits.check(req)
         return await completions.create(req, raw)
 
     @app.post("/v1/chat/completions",
               responses={200: {"model": ChatCompletionResponse, "content": SSE}, **ERROR_RESPONSES})
     async def create_chat_completion(req: ChatCompletionRequest, raw: Request):
+        check_runner(client, "Chat Completions", pooling=False)
         limits.check(req)
         return await chat.create(req, raw)
+
+    @app.post("/v1/embeddings", response_model=EmbeddingResponse, responses=ERROR_RESPONSES)
+    async def create_embedding(req: EmbeddingRequest, raw: Request):
+        return await embeddings.create(req, raw, limits.max_prompts)
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=ERROR_RESPONSES)
     async def tokenize(req: TokenizeRequest):

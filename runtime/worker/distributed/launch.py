@@ -47,13 +47,14 @@ class WorkerSpec:
     start_timeout_s: float = 1800.0  # a 70B load is slow
     store_port: int = 0
     num_threads: int = 1
+    pooling_type: str | None = None  # the pooling runner's models have no LM head
 
 
 def runner_options(spec: WorkerSpec) -> dict:
     """The ModelRunner keywords every rank builds its runner with."""
     return dict(load_format=spec.load_format, seed=spec.seed, max_num_seqs=spec.max_num_seqs,
                 max_num_batched_tokens=spec.max_num_batched_tokens, enforce_eager=spec.enforce_eager,
-                enable_gemv=spec.enable_gemv, fused_rope_kv=spec.fused_rope_kv)
+                enable_gemv=spec.enable_gemv, fused_rope_kv=spec.fused_rope_kv, pooling_type=spec.pooling_type)
 
 
 def backend_for(device_type: str) -> str:

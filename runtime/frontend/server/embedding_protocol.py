@@ -1,0 +1,45 @@
+"""/v1/embeddings' request and response, in OpenAI's shape with vLLM's extra fields."""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pagoda.runtime.frontend.server.protocol import TokenId, UsageInfo, _Request
+from pagoda.runtime.frontend.server.unicode import Text
+
+# vLLM's embedding fields that Pagoda does not implement: a 400 names them, never a silent 200.
+UNSUPPORTED_FIELDS = ("messages", "embed_dtype", "endianness", "mm_processor_kwargs", "chat_template")
+
+
+class EmbeddingRequest(_Request):
+    # Extra fields are kept so that the unsupported ones can be refused by name; others are ignored.
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    model: Text | None = None
+    input: Text | list[Text] | list[TokenId] | list[list[TokenId]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1, description="Only for matryoshka models.")
+    user: Text | None = None  # accepted and ignored, as OpenAI's own
+    # vLLM's extras.
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, description="Keep the input's last k tokens "
+                                               "(-1: the last max_model_len).")
+    add_special_tokens: bool = True
+    normalize: bool | None = Field(None, description="L2-normalize (default: the model's pooler config).")
+
+
+class EmbeddingData(BaseModel):
+    index: int
+    object: Literal["embedding"] = "embedding"
+    embedding: list[float] | str  # a base64 string of little-endian float32 with encoding_format=base64
+
+
+class EmbeddingResponse(BaseModel):
+    id: str
+    object: Literal["list"] = "list"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    data: list[EmbeddingData]
+    usage: UsageInfo
