@@ -91,13 +91,15 @@ def resolve_runner(runner: str, path: Path, architecture: str) -> str:
     """generate or pooling, as vLLM's --runner auto decides."""
     if runner not in RUNNERS:
         raise ValueError(f"runner must be one of {', '.join(RUNNERS)}; got {runner!r}")
+    bare = not architecture.endswith(GENERATE_SUFFIXES) and architecture.endswith(POOLING_SUFFIXES)
+    if runner == "generate" and bare:
+        raise ValueError(f"{architecture} is a checkpoint without an LM head: it makes embeddings only "
+                         "(--runner pooling), not text")
     if runner != "auto":
         return runner
     if sentence_transformers_pooling(path) is not None:
         return "pooling"
-    if architecture.endswith(GENERATE_SUFFIXES):
-        return "generate"
-    return "pooling" if architecture.endswith(POOLING_SUFFIXES) else "generate"
+    return "pooling" if bare else "generate"
 
 
 def pooler_config_for(runner: str, path: Path, architecture: str, override: str | None = None

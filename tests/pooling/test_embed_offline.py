@@ -153,3 +153,13 @@ def test_inputs_the_engine_cannot_pool_are_refused(st_mean):
         llm.embed(prompt_token_ids=[list(range(5, 38))], use_tqdm=False)
     [full] = llm.embed(prompt_token_ids=[list(range(5, 37))], use_tqdm=False)  # the whole context: no room
     assert len(full.prompt_token_ids) == 32  # is needed for an output token
+
+
+@pytest.mark.timeout(180)  # a stuck collective must fail the test, never hang CI
+def test_tensor_parallel_pooling_matches_transformers(st_mean, hf_embed):
+    # Two gloo ranks: the workers build the same head-less model and never run the LM head.
+    inputs = make_inputs([3, 17, 40], seed=15)
+    with engine(st_mean, tensor_parallel_size=2, max_num_batched_tokens=24, max_model_len=128) as llm:
+        outputs = llm.embed(prompt_token_ids=inputs, use_tqdm=False)
+    for ids, out in zip(inputs, outputs):
+        assert close(out.outputs.embedding, hf_embed.embed(st_mean, ids, "MEAN"))

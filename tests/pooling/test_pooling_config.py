@@ -23,6 +23,8 @@ def test_auto_picks_pooling_for_sentence_transformers_and_bare_models(st_mean, b
     assert resolve_runner("auto", tiny_causal, arch(tiny_causal)) == "generate"
     assert resolve_runner("pooling", tiny_causal, arch(tiny_causal)) == "pooling"
     assert resolve_runner("generate", Path(st_mean), "Qwen2ForCausalLM") == "generate"
+    with pytest.raises(ValueError, match="without an LM head"):
+        resolve_runner("generate", Path(bare_last), "LlamaModel")
 
 
 def test_pooler_config_from_files_defaults_and_override(tmp_path, tiny_causal):
