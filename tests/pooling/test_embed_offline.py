@@ -163,3 +163,16 @@ def test_tensor_parallel_pooling_matches_transformers(st_mean, hf_embed):
         outputs = llm.embed(prompt_token_ids=inputs, use_tqdm=False)
     for ids, out in zip(inputs, outputs):
         assert close(out.outputs.embedding, hf_embed.embed(st_mean, ids, "MEAN"))
+
+
+def test_the_gpu_warm_up_runs_on_a_pooling_engine(bare_last, hf_embed):
+    # The engine warms up with generation requests on CUDA; a pooling engine pools them and forgets.
+    from pagoda.runtime.core.warmup import warm_up
+
+    llm = engine(bare_last, max_model_len=256, max_num_batched_tokens=64)
+    warm_up(llm.llm_engine.engine_core)
+    kv = llm.llm_engine.kv_cache_manager
+    assert kv.block_pool.num_free_blocks == kv.num_blocks and not llm.llm_engine.runner.pooler.partial
+    ids = make_inputs([20], seed=16)[0]
+    [out] = llm.embed(prompt_token_ids=[ids], use_tqdm=False)
+    assert close(out.outputs.embedding, hf_embed.embed(bare_last, ids, "LAST"))
