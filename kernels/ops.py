@@ -14,6 +14,7 @@ from pagoda.kernels.fused_moe_ref import fused_moe_ref, route_ref
 from pagoda.kernels.kv_cache_ref import write_kv_cache_ref
 from pagoda.kernels.norm_ref import rms_norm_ref
 from pagoda.kernels.paged_attention_ref import paged_attention_ref
+from pagoda.kernels.quant_fp8_ref import quantize_fp8_ref
 from pagoda.kernels.rotary_ref import rotary_embedding_ref
 from pagoda.kernels.sampling_ref import sample_ref
 
@@ -185,6 +186,16 @@ def silu_and_mul_linear(x, weight, bias=None):
 
         return gemv(x, weight, bias, act="silu_mul", config=config)
     return F.linear(silu_and_mul(x), weight, bias)
+
+
+def quantize_fp8(x, scale=None):
+    """(q e4m3 [M, K], scale float32 [M, 1]) with x ~= q * scale: per token, or with a static
+    per-tensor scale."""
+    if _on_gpu(x):
+        from pagoda.kernels.quant_fp8 import quantize_fp8 as triton_quantize_fp8
+
+        return triton_quantize_fp8(x.contiguous(), scale)
+    return quantize_fp8_ref(x, scale)
 
 
 def moe_route(router_logits, top_k: int, renormalize: bool):

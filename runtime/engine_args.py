@@ -18,6 +18,8 @@ from dataclasses import MISSING, dataclass, field, fields
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 RUNNERS = ("auto", "generate", "pooling")  # pagoda.runtime.pooling_config reads them too
+QUANTIZATIONS = ("fp8",)  # --quantization (vLLM's name); a checkpoint's own quantization_config is read anyway
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # fp8 is e4m3, as in vLLM
 
 
 def human_int(value: str) -> int:
@@ -87,6 +89,13 @@ class EngineArgs:
     seed: int = knob(0, "engine random seed", type=int)
     load_format: str = knob("auto", "weights from safetensors files, or 'dummy' random weights", type=str,
                             choices=LOAD_FORMATS)
+    quantization: str | None = knob(None, "fp8: quantize bf16/fp16 weights to FP8 at load (per-channel weight "
+                                          "scales, dynamic per-token activations); FP8 checkpoints are read "
+                                          "from their quantization_config without it", type=str,
+                                    choices=QUANTIZATIONS, aliases=("-q",))
+    kv_cache_dtype: str = knob("auto", "KV-cache element type: auto (the model's dtype) or fp8 / fp8_e4m3 (one "
+                                       "byte, per-tensor k/v scales from the checkpoint, else 1.0)", type=str,
+                               choices=KV_CACHE_DTYPES)
     enforce_eager: bool = knob(False, "do not capture CUDA graphs", type=bool)
     served_model_name: list[str] | None = knob(None, "model name(s) the API accepts and reports (default: "
                                                      "the model argument)", type=str, nargs="+", metavar="NAME")
@@ -151,6 +160,11 @@ class EngineArgs:
             raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}; got {self.load_format!r}")
         if self.runner not in RUNNERS:
             raise ValueError(f"runner must be one of {', '.join(RUNNERS)}; got {self.runner!r}")
+        if self.quantization not in (None, *QUANTIZATIONS):
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)} (or unset); "
+                             f"got {self.quantization!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; got {self.kv_cache_dtype!r}")
         if isinstance(self.served_model_name, str):
             self.served_model_name = [self.served_model_name]
 

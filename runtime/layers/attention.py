@@ -28,6 +28,10 @@ class Attention(nn.Module):
         # Bound by the model runner once the pool is sized: [num_blocks, block_size, kv_heads, dim].
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
+        # Per-tensor scales of an FP8 cache (cache = k / k_scale): the checkpoint's k_scale and
+        # v_scale when it ships them, else 1.0, as in vLLM. Unused by a bf16/fp32 cache.
+        self.k_scale = 1.0
+        self.v_scale = 1.0
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor

@@ -5,6 +5,10 @@ features (followed by an all-reduce). The attention block is column (qkv) then r
 MLP column (gate_up) then row (down), so a whole block needs one all-reduce per half. Each
 parameter carries a weight_loader that cuts this rank's slice out of a checkpoint tensor (or a
 lazy safetensors slice, so only that slice is read from disk).
+
+With FP8 weights (pagoda.runtime.quantization) a layer also holds one float32 scale per output row
+(weight_scale) and, for static activations, a per-tensor input_scale; the scale loaders put each
+checkpoint shard's scales (per tensor or per channel) on that shard's rows.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from torch import nn
 from pagoda.kernels import ops
 from pagoda.runtime.layers.parallel_state import current_tp, divide, get_tp_size, kv_heads_per_rank
 from pagoda.runtime.layers.weight_slice import materialize, narrow, shape_of
+from pagoda.runtime.quantization import fp8_linear
 
 
 class LinearBase(nn.Module):
@@ -29,6 +34,7 @@ class LinearBase(nn.Module):
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
+        self.fp8 = None  # the FP8Scheme when this layer's weights are FP8 (quantization/fp8_linear.py)
 
     def weight_loader(self, param: nn.Parameter, loaded, shard_id=None) -> None:
         if self.tp_dim is not None and self.tp_dim < len(shape_of(loaded)):
@@ -37,7 +43,27 @@ class LinearBase(nn.Module):
         else:
             param.data.copy_(materialize(loaded))
 
+    def output_rows(self, shard_id=None) -> tuple[int, int, int]:
+        """(first row here, rows, first row in the checkpoint tensor) of a shard's output rows."""
+        rows = self.weight.shape[0]
+        return 0, rows, self.tp_rank * rows if self.tp_dim == 0 else 0
+
+    def scale_loader(self, param: nn.Parameter, loaded, shard_id=None) -> None:
+        """A shard's weight_scale: one value (per tensor) fills its rows; per channel, its rows."""
+        offset, size, start = self.output_rows(shard_id)
+        rows = param.data.narrow(0, offset, size)
+        if len(shape_of(loaded)) == 0 or shape_of(loaded)[0] == 1:
+            rows.copy_(materialize(loaded).float().reshape(1).expand(size))
+        else:
+            rows.copy_(narrow(loaded, 0, start, size).float().reshape(size))
+
+    def input_scale_loader(self, param: nn.Parameter, loaded, shard_id=None) -> None:
+        # Fused shards share one input: the largest of their static scales covers them all (vLLM's choice).
+        param.data.copy_(torch.maximum(param.data, materialize(loaded).float().reshape(())))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fp8 is not None and fp8_linear.is_fp8(self.weight):
+            return fp8_linear.apply(self, x, self.bias)
         return ops.linear(x, self.weight, self.bias)
 
 
@@ -58,10 +84,13 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.output_sizes = output_sizes
         super().__init__(in_features, sum(output_sizes), bias)
 
-    def weight_loader(self, param: nn.Parameter, loaded, shard_id: int) -> None:
-        offset = divide(sum(self.output_sizes[:shard_id]), self.tp_size)
+    def output_rows(self, shard_id: int) -> tuple[int, int, int]:
         size = divide(self.output_sizes[shard_id], self.tp_size)
-        param.data.narrow(0, offset, size).copy_(narrow(loaded, 0, self.tp_rank * size, size))
+        return divide(sum(self.output_sizes[:shard_id]), self.tp_size), size, self.tp_rank * size
+
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id: int) -> None:
+        offset, size, start = self.output_rows(shard_id)
+        param.data.narrow(0, offset, size).copy_(narrow(loaded, 0, start, size))
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -78,11 +107,15 @@ class QKVParallelLinear(ColumnParallelLinear):
         out = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp
         super().__init__(hidden_size, out, bias)
 
-    def weight_loader(self, param: nn.Parameter, loaded, shard_id: str) -> None:
+    def output_rows(self, shard_id: str) -> tuple[int, int, int]:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         offset, size = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}[shard_id]
         rank = self.tp_rank if shard_id == "q" else self.tp_rank // self.kv_replicas
-        param.data.narrow(0, offset, size).copy_(narrow(loaded, 0, rank * size, size))
+        return offset, size, rank * size
+
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id: str) -> None:
+        offset, size, start = self.output_rows(shard_id)
+        param.data.narrow(0, offset, size).copy_(narrow(loaded, 0, start, size))
 
 
 class RowParallelLinear(LinearBase):
@@ -91,11 +124,15 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The bias is added once, after the partial sums are reduced.
-        y = ops.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
-        return self.tp.all_reduce(y)
+        bias = self.bias if self.tp_rank == 0 else None
+        if self.fp8 is not None and fp8_linear.is_fp8(self.weight):
+            return self.tp.all_reduce(fp8_linear.apply(self, x, bias))
+        return self.tp.all_reduce(ops.linear(x, self.weight, bias))
 
     def forward_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """forward(silu(gate) * up) from the MLP's merged gate|up output; at decode's few rows one
         kernel does both, and the activation never goes through memory."""
-        y = ops.silu_and_mul_linear(gate_up, self.weight, self.bias if self.tp_rank == 0 else None)
-        return self.tp.all_reduce(y)
+        bias = self.bias if self.tp_rank == 0 else None
+        if self.fp8 is not None and fp8_linear.is_fp8(self.weight):
+            return self.tp.all_reduce(fp8_linear.apply(self, ops.silu_and_mul(gate_up), bias))
+        return self.tp.all_reduce(ops.silu_and_mul_linear(gate_up, self.weight, bias))

@@ -27,3 +27,10 @@ def materialize(loaded) -> torch.Tensor:
     if isinstance(loaded, torch.Tensor):
         return loaded
     return loaded[(slice(None),) * len(shape_of(loaded))] if shape_of(loaded) else loaded[...]
+
+
+def is_fp8(loaded) -> bool:
+    """Whether a checkpoint tensor (or lazy slice) holds float8_e4m3fn values."""
+    if isinstance(loaded, torch.Tensor):
+        return loaded.dtype == torch.float8_e4m3fn
+    return loaded.get_dtype() == "F8_E4M3"

@@ -19,7 +19,7 @@ from pagoda.runtime.layers.norm import RMSNorm
 from pagoda.runtime.layers.parallel_state import divide, get_tp_size, kv_heads_per_rank
 from pagoda.runtime.layers.rotary import RotaryEmbedding
 from pagoda.runtime.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
-from pagoda.runtime.layers.weight_slice import materialize
+from pagoda.runtime.layers.weight_slice import is_fp8, materialize
 from pagoda.runtime.model_config import ModelConfig
 from pagoda.runtime.models.hf_fields import attention_scale, layer_windows, rotary_dim
 
@@ -27,6 +27,8 @@ from pagoda.runtime.models.hf_fields import attention_scale, layer_windows, rota
 EXPERT_WEIGHT = re.compile(r"(.+)\.experts\.(\d+)\.(\w+)\.weight")
 # model.layers.3.mlp.experts.gate_up_proj -> (model.layers.3.mlp, gate_up_proj)
 STACKED_EXPERT_WEIGHT = re.compile(r"(.+)\.experts\.(gate_up_proj|down_proj)")
+# model.layers.3.self_attn.k_scale (compressed-tensors, newer fp8) or .k_proj.output_scale (older fp8)
+KV_SCALE = re.compile(r"(.+)\.self_attn\.(?:([kv])_scale|([kv])_proj\.output_scale)")
 
 
 class LlamaAttention(nn.Module):
@@ -201,6 +203,14 @@ class LlamaForCausalLM(nn.Module):
                 continue
             for ckpt_part, our_part in self.checkpoint_renames:
                 name = name.replace(ckpt_part, our_part)
+            if kv_scale := KV_SCALE.fullmatch(name):  # the FP8 KV cache's per-tensor scale
+                prefix, k_or_v, old = kv_scale.groups()
+                attn = self.get_submodule(f"{prefix}.self_attn.attn")
+                setattr(attn, f"{k_or_v or old}_scale", float(materialize(tensor).float().max()))
+                continue
+            if is_fp8(tensor) and ("experts" in name or name.endswith("gate.weight")):
+                raise ValueError(f"FP8 checkpoint tensor {name!r}: FP8 MoE experts and routers are not supported "
+                                 "(Pagoda quantizes the attention and dense MLP linear layers)")
             if expert := EXPERT_WEIGHT.fullmatch(name):  # one matrix of one expert: into the stack
                 prefix, index, part_name = expert.groups()
                 param_name, part = EXPERT_PARTS[part_name]

@@ -66,7 +66,8 @@ def runner_options(args) -> dict:
     """The ModelRunner keywords that come from EngineArgs (max_num_seqs already resolved)."""
     return dict(load_format=args.load_format, seed=args.seed, max_num_seqs=args.max_num_seqs,
                 enforce_eager=args.enforce_eager, enable_gemv=args.enable_gemv,
-                fused_rope_kv=args.fused_rope_kv)
+                fused_rope_kv=args.fused_rope_kv, quantization=args.quantization,
+                kv_cache_dtype=args.kv_cache_dtype)
 
 
 def build_executor(cfg: ModelConfig, device: torch.device, args, max_num_batched_tokens: int,

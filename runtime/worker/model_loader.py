@@ -21,6 +21,11 @@ from pagoda.runtime.models.registry import get_model_class
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """--kv-cache-dtype: auto is the model's dtype; fp8 (vLLM's name for e4m3) and fp8_e4m3 one byte."""
+    return model_dtype if kv_cache_dtype == "auto" else torch.float8_e4m3fn
+
+
 def iter_safetensors(path: Path, lazy: bool = False) -> Iterator[tuple[str, object]]:
     """(name, tensor) for every checkpoint tensor; with lazy=True, (name, safetensors slice), from
     which a weight loader reads just the part it needs (see layers/weight_slice.py)."""
@@ -44,8 +49,17 @@ def iter_safetensors(path: Path, lazy: bool = False) -> Iterator[tuple[str, obje
 
 
 def load_model(cfg: ModelConfig, device: torch.device, load_format: str = "auto", seed: int = 0,
-               pooling: bool = False) -> nn.Module:
-    """pooling: for the pooling runner, without the LM head (models/pooling_adapter.py)."""
+               pooling: bool = False, quantization: str | None = None) -> nn.Module:
+    """pooling: for the pooling runner, without the LM head (models/pooling_adapter.py).
+    quantization: --quantization (fp8 quantizes a bf16 checkpoint at load); an FP8 checkpoint's
+    own quantization_config is read either way (pagoda.runtime.quantization)."""
+    from pagoda.runtime.quantization import apply as fp8
+    from pagoda.runtime.quantization.scheme import resolve_scheme
+
+    scheme = resolve_scheme(cfg.hf_config, quantization)  # an unsupported scheme fails here, first
+    if scheme is not None and scheme.serialized and load_format == "dummy":
+        raise ValueError(f"load_format dummy cannot fill an FP8 checkpoint ({scheme.source}); use a bf16 config "
+                         "with --quantization fp8")
     model_cls = get_model_class(cfg.architecture)
     dtype = TORCH_DTYPES[cfg.dtype]
     previous = torch.get_default_dtype()
@@ -53,6 +67,8 @@ def load_model(cfg: ModelConfig, device: torch.device, load_format: str = "auto"
     try:
         with torch.device(device):
             model = model_cls(cfg)
+            if scheme is not None:
+                fp8.prepare(model, scheme)
     finally:
         torch.set_default_dtype(previous)
     if load_format == "dummy":
@@ -68,6 +84,9 @@ def load_model(cfg: ModelConfig, device: torch.device, load_format: str = "auto"
     expected = {n for n, _ in model.named_parameters()}
     if missing := expected - loaded:
         raise ValueError(f"{where} lacks weights for: {sorted(missing)[:8]}")
+    if scheme is not None:
+        with torch.no_grad():
+            fp8.finish(model, scheme, dtype)
     return model.eval()
 
 

@@ -31,7 +31,7 @@ from pagoda.runtime.model_config import ModelConfig
 from pagoda.runtime.worker.attention_context import AttentionContext, attention_context
 from pagoda.runtime.worker.cuda_graphs import DecodeGraphs, capture_sizes, padded_size
 from pagoda.runtime.worker.input_batch import BatchBuilder, InputBuffers, StepBatch, batch_order
-from pagoda.runtime.worker.model_loader import TORCH_DTYPES, load_model
+from pagoda.runtime.worker.model_loader import TORCH_DTYPES, kv_cache_torch_dtype, load_model
 from pagoda.runtime.worker.pooler import Pooler
 from pagoda.runtime.worker.sampler import Sampler, gather_logprobs, index_on
 
@@ -95,13 +95,17 @@ class ModelRunner:
         enable_gemv: bool = True,
         fused_rope_kv: bool = True,
         pooling_type: str | None = None,
+        quantization: str | None = None,
+        kv_cache_dtype: str = "auto",
     ):
         ops.configure(enable_gemv=enable_gemv, fused_rope_kv=fused_rope_kv)  # once, before any kernel
         self.model_config = model_config
         self.device = device
         self.dtype = TORCH_DTYPES[model_config.dtype]
+        self.kv_cache_dtype = kv_cache_torch_dtype(kv_cache_dtype, self.dtype)
         torch.manual_seed(seed)
-        self.model = load_model(model_config, device, load_format, seed, pooling=pooling_type is not None)
+        self.model = load_model(model_config, device, load_format, seed, pooling=pooling_type is not None,
+                                quantization=quantization)
         # The pooling runner (--runner pooling) pools hidden states instead of sampling.
         self.pooler = Pooler(pooling_type) if pooling_type is not None else None
         self.sampler = Sampler(model_config.vocab_size, device, seed)
@@ -138,7 +142,7 @@ class ModelRunner:
         layers = self.model.attention_layers()
         kv_heads = layers[0].num_kv_heads
         shape = (2, len(layers), num_blocks, block_size, kv_heads, cfg.head_dim)
-        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.kv_cache = torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
         self.block_size = block_size
         for i, layer in enumerate(layers):
             layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]

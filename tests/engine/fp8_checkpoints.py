@@ -1,0 +1,122 @@
+"""Tiny FP8 checkpoints in the two formats Pagoda reads, written with the formats' own arithmetic.
+
+From a tiny bf16/fp32 Hugging Face checkpoint, every attention and MLP projection weight becomes
+float8_e4m3fn with float32 scales: scale = amax / 448 over the output channel (row) or the whole
+tensor, q = clamp(w / scale, +-448) rounded to nearest by the cast, w ~= q * scale. That is
+compressed-tensors' float strategy "channel"/"tensor" and vLLM's fp8 per-tensor/per-channel
+weight_scale. Static activation scales (input_scale) and KV-cache scales (k_scale, v_scale) are
+calibrated the same way, from the largest value each sees on a calibration prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import torch
+
+PROJECTION = re.compile(r"(model\.layers\.\d+\.(?:self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj))\.weight")
+FP8_MAX = 448.0
+
+
+def quantize(w: torch.Tensor, per_channel: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    w = w.float()
+    amax = w.abs().amax(dim=1, keepdim=True) if per_channel else w.abs().amax().reshape(1)
+    scale = amax / FP8_MAX
+    return (w / (scale if per_channel else scale[0])).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return q.float() * (scale.float() if scale.dim() == 2 else scale.float().reshape(()))
+
+
+def calibrate(src: Path) -> dict[str, float]:
+    """amax of each projection's input and of each layer's keys and values (before rotary) on a prompt."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    seen: dict[str, float] = {}
+
+    def hook(name):
+        def record(module, inputs, output):
+            seen[f"{name}.input"] = max(seen.get(f"{name}.input", 0.0), float(inputs[0].abs().max()))
+            seen[f"{name}.output"] = max(seen.get(f"{name}.output", 0.0), float(output.abs().max()))
+        return record
+
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            module.register_forward_hook(hook(name))
+    with torch.no_grad():
+        model(torch.arange(5, 69)[None])
+    return seen
+
+
+def quantization_config(fmt: str, per_channel: bool, static: bool, kv_scales: bool) -> dict:
+    if fmt == "fp8":
+        return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "static" if static else "dynamic",
+                "ignored_layers": ["lm_head"]}
+    activations = ({"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
+                   if static else
+                   {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True, "symmetric": True})
+    kv = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
+    return {
+        "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+        "config_groups": {"group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "float", "strategy": "channel" if per_channel else "tensor",
+                        "dynamic": False, "symmetric": True},
+            "input_activations": activations,
+        }},
+        "ignore": ["lm_head"],
+        "kv_cache_scheme": kv if kv_scales else None,
+    }
+
+
+def write_fp8_checkpoint(src: Path, dst: Path, fmt: str, *, per_channel: bool = True, static: bool = False,
+                         kv_scales: bool = False) -> Path:
+    """dst: src's files, its projections in FP8 (fmt "fp8" or "compressed-tensors"), one safetensors file."""
+    from safetensors.torch import load_file, save_file
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.suffix != ".safetensors" and f.name != "model.safetensors.index.json":
+            shutil.copy(f, dst / f.name)
+    tensors = {}
+    for f in sorted(src.glob("*.safetensors")):
+        tensors.update(load_file(f))
+    amax = calibrate(src) if static or kv_scales else {}
+    out = {}
+    for name, t in tensors.items():
+        match = PROJECTION.fullmatch(name)
+        if match is None:
+            out[name] = t
+            continue
+        module = match.group(1)
+        q, scale = quantize(t, per_channel)
+        out[name], out[f"{module}.weight_scale"] = q, scale
+        if static:
+            out[f"{module}.input_scale"] = torch.tensor([amax[f"{module}.input"] / FP8_MAX])
+        if kv_scales and module.endswith(("k_proj", "v_proj")):
+            kv_name = module.replace("k_proj", "k_scale").replace("v_proj", "v_scale")
+            out[kv_name] = torch.tensor(amax[f"{module}.output"] / FP8_MAX * 1.25)  # rotary may grow k a bit
+    save_file(out, dst / "model.safetensors")
+    config = json.loads((dst / "config.json").read_text())
+    config["quantization_config"] = quantization_config(fmt, per_channel, static, kv_scales)
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    return dst
+
+
+def dequantized_reference(src: Path, fp8_dir: Path):
+    """transformers' model of src with every projection replaced by its FP8 checkpoint's q * scale."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    tensors = load_file(fp8_dir / "model.safetensors")
+    params = dict(model.named_parameters())
+    for name, q in tensors.items():
+        if match := PROJECTION.fullmatch(name):
+            params[name].data.copy_(dequantize(q, tensors[f"{match.group(1)}.weight_scale"]))
+    return model

@@ -1,0 +1,158 @@
+"""FP8 checkpoints in both formats vLLM reads (quant_method fp8, compressed-tensors float-quantized)
+and --quantization fp8, on the CPU, where FP8 weights are dequantized at load.
+
+The references. compressed-tensors: transformers' own loader, which decompresses through the
+compressed-tensors package (CompressedTensorsConfig(dequantize=True)). quant_method fp8: transformers
+5 reads `fp8` as its FineGrainedFP8 (DeepSeek's weight_scale_inv, block-wise) and drops vLLM's
+weight_scale tensors, so its output is wrong for these checkpoints; the reference there is
+transformers' model of the original checkpoint with each projection set to q * weight_scale.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from pagoda.runtime.model_config import ModelConfig
+from pagoda.runtime.quantization.scheme import UnsupportedQuantization
+from pagoda.runtime.worker.model_loader import load_model
+
+from .conftest import make_prompts
+from .fp8_checkpoints import dequantize, dequantized_reference, quantize, write_fp8_checkpoint
+from .test_logits_parity import ATOL, engine_logits
+
+FORMATS = [("fp8", True, False), ("fp8", False, True), ("compressed-tensors", True, False),
+           ("compressed-tensors", False, True)]  # (format, per-channel weights, static activations)
+
+
+def reference(src: Path, dst: Path, fmt: str):
+    if fmt == "fp8":
+        return dequantized_reference(src, dst)
+    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+
+    return AutoModelForCausalLM.from_pretrained(
+        dst, dtype=torch.float32, quantization_config=CompressedTensorsConfig(dequantize=True)).eval()
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tiny_models, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("fp8")
+    src = Path(tiny_models["llama"])
+    made = {}
+    for fmt, per_channel, static in FORMATS:
+        dst = root / f"{fmt}-{'channel' if per_channel else 'tensor'}-{'static' if static else 'dynamic'}"
+        made[fmt, per_channel, static] = write_fp8_checkpoint(src, dst, fmt, per_channel=per_channel, static=static)
+    return made
+
+
+def test_checkpoint_holds_fp8_weights_with_the_formats_scales(checkpoints):
+    from safetensors.torch import load_file
+
+    tensors = load_file(checkpoints["compressed-tensors", True, False] / "model.safetensors")
+    w = tensors["model.layers.0.mlp.down_proj.weight"]
+    scale = tensors["model.layers.0.mlp.down_proj.weight_scale"]
+    assert w.dtype == torch.float8_e4m3fn and scale.shape == (w.shape[0], 1)
+    # every row's largest element sits on e4m3's largest value, 448
+    assert torch.equal(w.float().abs().amax(dim=1), torch.full((w.shape[0],), 448.0))
+
+
+@pytest.mark.parametrize("fmt,per_channel,static", FORMATS)
+def test_fp8_checkpoint_logits_match_transformers(tiny_models, checkpoints, fmt, per_channel, static):
+    src, dst = Path(tiny_models["llama"]), checkpoints[fmt, per_channel, static]
+    rng = random.Random(5)
+    seqs = [[rng.randrange(5, 512) for _ in range(n)] for n in (40, 44)]
+    got = engine_logits(str(dst), seqs)
+    model = reference(src, dst, fmt)
+    for s, seq in enumerate(seqs):
+        with torch.no_grad():
+            want = model(torch.tensor([seq])).logits[0]
+        err = (got[s] - want).abs().max()
+        assert err <= ATOL, f"sequence {s}: off by {err:.2e}"
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "compressed-tensors"])
+def test_fp8_checkpoint_greedy_output_matches_transformers(tiny_models, checkpoints, fmt):
+    from pagoda.runtime import LLM, SamplingParams
+
+    src, dst = Path(tiny_models["llama"]), checkpoints[fmt, True, False]
+    model = reference(src, dst, fmt)
+    prompts = make_prompts(3, [3, 9, 17, 33])
+    llm = LLM(str(dst), dtype="float32", block_size=8, num_kv_blocks=64, max_model_len=128, device="cpu")
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=10,
+                                                                                   ignore_eos=True))
+    for prompt, out in zip(prompts, outs):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False,
+                                  min_new_tokens=10)[0, len(prompt):].tolist()
+        assert list(out.outputs[0].token_ids) == want
+
+
+def test_online_quantization_is_per_channel_fp8_of_the_bf16_weights(tiny_models):
+    """--quantization fp8 on a plain checkpoint: each projection becomes its per-channel FP8 round
+    trip (dequantized on the CPU), while embeddings, norms and the LM head stay as they were."""
+    path = Path(tiny_models["llama"])
+    cfg = ModelConfig.from_path(path, "float32")
+    plain = load_model(cfg, torch.device("cpu"))
+    fp8 = load_model(cfg, torch.device("cpu"), quantization="fp8")
+    w = plain.model.layers[1].mlp.gate_up_proj.weight
+    q, scale = quantize(w, per_channel=True)
+    assert torch.equal(fp8.model.layers[1].mlp.gate_up_proj.weight, dequantize(q, scale))
+    assert not torch.equal(fp8.model.layers[1].mlp.gate_up_proj.weight, w)
+    assert torch.equal(fp8.lm_head.weight, plain.lm_head.weight)
+    assert torch.equal(fp8.model.embed_tokens.weight, plain.model.embed_tokens.weight)
+
+
+def _with_quantization(tiny_models, tmp_path, quantization_config: dict) -> Path:
+    src = Path(tiny_models["llama"])
+    dst = tmp_path / "model"
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    config = json.loads((dst / "config.json").read_text())
+    config["quantization_config"] = quantization_config
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+@pytest.mark.parametrize("quantization_config,named", [
+    ({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
+     "block-wise FP8"),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "'gptq'"),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": {
+        "targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128,
+                                           "symmetric": True}}}}, "pack-quantized"),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {
+        "targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "block",
+                                           "block_structure": [128, 128], "symmetric": True}}}},
+     "8-bit float by block"),
+])
+def test_unsupported_scheme_fails_at_load_naming_it(tiny_models, tmp_path, quantization_config, named):
+    path = _with_quantization(tiny_models, tmp_path, quantization_config)
+    with pytest.raises(UnsupportedQuantization) as caught:
+        load_model(ModelConfig.from_path(path), torch.device("cpu"))
+    message = str(caught.value)
+    assert named in message
+    assert "compressed-tensors float-quantized" in message or "supported" in message
+
+
+def test_quantization_and_kv_cache_dtype_knobs():
+    import argparse
+
+    from pagoda.runtime.engine_args import EngineArgs
+
+    parser = argparse.ArgumentParser()
+    EngineArgs.add_cli_args(parser)
+    args = EngineArgs.from_cli_args(parser.parse_args(["--quantization", "fp8", "--kv-cache-dtype", "fp8_e4m3"]),
+                                    model="m")
+    assert (args.quantization, args.kv_cache_dtype) == ("fp8", "fp8_e4m3")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--quantization", "int4"])
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        EngineArgs(model="m", kv_cache_dtype="fp16")
+    with pytest.raises(ValueError, match="quantization"):
+        EngineArgs(model="m", quantization="awq")
