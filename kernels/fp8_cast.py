@@ -21,8 +21,18 @@ def to_e4m3(x, dst_ty: tl.constexpr, ROUND_FIRST: tl.constexpr):
         quantum = tl.maximum(exponent, -6) - 3
         # 1.5 * 2^(quantum + 23): adding it leaves exactly the bits above the quantum, rounded to even
         magic = ((quantum + 23 + 127) << 23 | (1 << 22)).to(tl.float32, bitcast=True)
-        x = (x + magic) - magic
+        x = (x + magic) - magic  # (the interpreter's cast then writes -0 as +0, the same number)
     return x.to(dst_ty)
+
+
+@triton.jit
+def to_cache(x, scale, dst_ty: tl.constexpr, FP8: tl.constexpr, ROUND_FIRST: tl.constexpr):
+    """A KV-cache element: x itself, or for an e4m3 cache x / scale clamped and rounded
+    (kv_cache_ref.to_cache)."""
+    if FP8:
+        return to_e4m3(tl.clamp(x.to(tl.float32) / scale, -448.0, 448.0), dst_ty, ROUND_FIRST)
+    else:
+        return x.to(dst_ty)
 
 
 def round_first(t: torch.Tensor) -> bool:

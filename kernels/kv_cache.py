@@ -1,12 +1,15 @@
 """Triton KV-cache write: scatter each new token's key and value rows into their cache slots.
 
 One program per token moves every KV head of that token, so a program writes num_kv_heads *
-head_dim contiguous elements of one cache row, which is one coalesced store per tensor.
+head_dim contiguous elements of one cache row, which is one coalesced store per tensor. An FP8
+cache gets k / k_scale and v / v_scale, clamped and rounded to e4m3 (kv_cache_ref.to_cache).
 """
 
 import torch
 import triton
 import triton.language as tl
+
+from pagoda.kernels.fp8_cast import round_first, to_cache
 
 
 @triton.jit
@@ -14,9 +17,9 @@ def _write_kv_cache_kernel(
     key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_cb, stride_cs, stride_ch,
-    block_size,
+    block_size, k_scale, v_scale,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, FP8: tl.constexpr, ROUND_FIRST: tl.constexpr,
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
@@ -29,8 +32,8 @@ def _write_kv_cache_kernel(
         dst = block * stride_cb + offset * stride_cs + h * stride_ch + d
         k = tl.load(key_ptr + token * stride_kt + h * stride_kh + d, mask=mask)
         v = tl.load(value_ptr + token * stride_vt + h * stride_vh + d, mask=mask)
-        tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-        tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(k_cache_ptr + dst, to_cache(k, k_scale, k_cache_ptr.dtype.element_ty, FP8, ROUND_FIRST), mask=mask)
+        tl.store(v_cache_ptr + dst, to_cache(v, v_scale, v_cache_ptr.dtype.element_ty, FP8, ROUND_FIRST), mask=mask)
 
 
 def write_kv_cache(
@@ -39,6 +42,8 @@ def write_kv_cache(
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 skips
+    k_scale: float = 1.0,  # FP8 caches only
+    v_scale: float = 1.0,
 ) -> None:
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
@@ -49,8 +54,9 @@ def write_kv_cache(
         key, value, k_cache, v_cache, slot_mapping,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        k_cache.shape[1],
+        k_cache.shape[1], float(k_scale), float(v_scale),
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        FP8=k_cache.dtype == torch.float8_e4m3fn, ROUND_FIRST=round_first(k_cache),
         num_warps=4 if num_kv_heads * head_dim >= 1024 else 1,
     )

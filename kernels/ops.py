@@ -23,22 +23,24 @@ def _on_gpu(t: torch.Tensor) -> bool:
     return t.is_cuda
 
 
-def write_kv_cache(key, value, k_cache, v_cache, slot_mapping) -> None:
+def write_kv_cache(key, value, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0) -> None:
+    """k_scale, v_scale: an FP8 cache's per-tensor scales (it holds k / k_scale)."""
     if _on_gpu(key):
         from pagoda.kernels.kv_cache import write_kv_cache as triton_write_kv_cache
 
-        return triton_write_kv_cache(key, value, k_cache, v_cache, slot_mapping)
-    return write_kv_cache_ref(key, value, k_cache, v_cache, slot_mapping)
+        return triton_write_kv_cache(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    return write_kv_cache_ref(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
 
 def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, *,
-                    sliding_window=None, softcap=None, **hints):
+                    sliding_window=None, softcap=None, k_scale=1.0, v_scale=1.0, **hints):
     """hints (max_query_len, max_seq_len: python ints, upper bounds are fine) let the GPU kernels
     pick a launch without a host sync. max_query_len == 1 takes the split-KV decode kernel;
     num_decode_seqs = d > 0 says the first d sequences have one query row each (see
     paged_attention_triton). sliding_window (tokens a query sees, itself included) and softcap
-    (Gemma 2's cap * tanh(score / cap)) are the layer's own."""
-    layer = dict(sliding_window=sliding_window, softcap=softcap)
+    (Gemma 2's cap * tanh(score / cap)) are the layer's own, as are an FP8 cache's k_scale and
+    v_scale."""
+    layer = dict(sliding_window=sliding_window, softcap=softcap, k_scale=k_scale, v_scale=v_scale)
     if not _on_gpu(query):
         return paged_attention_ref(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, **layer)
     return paged_attention_triton(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
@@ -46,8 +48,8 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start
 
 
 def paged_attention_triton(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, *,
-                           sliding_window=None, softcap=None, max_query_len=None, max_seq_len=None,
-                           num_decode_seqs=0, out=None):
+                           sliding_window=None, softcap=None, k_scale=1.0, v_scale=1.0, max_query_len=None,
+                           max_seq_len=None, num_decode_seqs=0, out=None):
     """The Triton kernels (the CPU tests run them under TRITON_INTERPRET=1).
 
     A mixed step puts its one-token rows first. Those go through the decode kernel, which reads
@@ -58,7 +60,7 @@ def paged_attention_triton(query, k_cache, v_cache, block_tables, seq_lens, quer
     from pagoda.kernels.paged_attention_decode import paged_attention_decode
     from pagoda.kernels.paged_attention_prefill import paged_attention_prefill
 
-    layer = dict(sliding_window=sliding_window, softcap=softcap)
+    layer = dict(sliding_window=sliding_window, softcap=softcap, k_scale=k_scale, v_scale=v_scale)
     if max_query_len is None:  # no hint: find out, at the price of a sync
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max()) if len(seq_lens) else 0
     if max_query_len <= 1:
@@ -95,20 +97,23 @@ def rotary_embedding(positions, query, key, cos_sin_cache, inplace: bool = False
 FUSED_ROPE_KV = True
 
 
-def rotary_kv_cache(positions, query, key, value, cos_sin_cache, k_cache, v_cache, slot_mapping):
-    """Rotates query and key, writes the rotated key and the value into their cache slots, and
-    returns the rotated query (on the GPU, query is rotated where it lies and key is left as is)."""
+def rotary_kv_cache(positions, query, key, value, cos_sin_cache, k_cache, v_cache, slot_mapping,
+                    k_scale=1.0, v_scale=1.0):
+    """Rotates query and key, writes the rotated key and the value into their cache slots (an FP8
+    cache: divided by k_scale, v_scale), and returns the rotated query (on the GPU, query is
+    rotated where it lies and key is left as is)."""
     if not _on_gpu(query):
         query, key = rotary_embedding_ref(positions, query, key, cos_sin_cache)
-        write_kv_cache_ref(key, value, k_cache, v_cache, slot_mapping)
+        write_kv_cache_ref(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
         return query
     if not FUSED_ROPE_KV:
         query, key = rotary_embedding(positions, query, key, cos_sin_cache, inplace=True)
-        write_kv_cache(key, value, k_cache, v_cache, slot_mapping)
+        write_kv_cache(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
         return query
     from pagoda.kernels.rotary_kv_cache import rotary_kv_cache as triton_rotary_kv_cache
 
-    return triton_rotary_kv_cache(positions, query, key, value, cos_sin_cache, k_cache, v_cache, slot_mapping)
+    return triton_rotary_kv_cache(positions, query, key, value, cos_sin_cache, k_cache, v_cache, slot_mapping,
+                                  k_scale, v_scale)
 
 
 def silu_and_mul(x):

@@ -49,7 +49,7 @@ PROGRAMS_PER_SM = 3
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
-    qk_scale, cap_log2, window,
+    qk_scale, cap_log2, window, v_scale,
     stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh,
     NUM_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -87,16 +87,18 @@ def _decode_kernel(
             block = tl.load(table + pos // BLOCK_SIZE, mask=pmask, other=0).to(tl.int64)
             row = block * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
             kv_mask = pmask[:, None] & dmask[None, :]
-            k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            # an FP8 cache widens to q's dtype exactly; its k_scale is in qk_scale, v_scale at the end
+            k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
             s = _scores(q, tl.trans(k), qk_scale, cap_log2, SOFTCAP, PRECISION)
             s = tl.where(pmask[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
             alpha = tl.exp2(m - m_new)
             p = tl.exp2(s - m_new[:, None])
             denom = denom * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
             acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION)
             m = m_new
+        acc = acc * v_scale
 
         omask = gmask[:, None] & dmask[None, :]
         if NUM_SPLITS == 1:
@@ -175,6 +177,8 @@ def paged_attention_decode(
     *,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
     max_seq_len: int | None = None,
     num_splits: int | None = None,
     block_n: int | None = None,
@@ -185,8 +189,8 @@ def paged_attention_decode(
     """Every sequence must have at most one query row (q_len 0 rows are skipped).
 
     max_seq_len is only a launch hint (an upper bound is fine, as under CUDA graphs); without it
-    the split count is chosen from seq_lens, which syncs with the host. sliding_window and softcap
-    as in paged_attention_ref.
+    the split count is chosen from seq_lens, which syncs with the host. sliding_window, softcap
+    and the FP8 cache's k_scale and v_scale as in paged_attention_ref.
     """
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = query.shape[1], query.shape[2]
@@ -217,7 +221,7 @@ def paged_attention_decode(
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
         out, part_out, part_lse,
-        *score_scales(scale, softcap), sliding_window or NO_WINDOW,
+        *score_scales(scale * k_scale, softcap), sliding_window or NO_WINDOW, float(v_scale),
         query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         NUM_SPLITS=num_splits, GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_D=block_d,

@@ -45,7 +45,8 @@ def _tile(q, k_cache_ptr, v_cache_ptr, table, kv_off, n0, d, dmask, q_pos, kv_lo
     else:
         block = tl.load(table + pos // BLOCK_SIZE).to(tl.int64)
     rows = (block * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_off)[:, None] + d[None, :]
-    k = _load_rows(k_cache_ptr + rows, pmask, dmask, MASKED, EVEN_D)
+    # an FP8 cache widens to q's dtype exactly; its k_scale is in qk_scale, v_scale at the end
+    k = _load_rows(k_cache_ptr + rows, pmask, dmask, MASKED, EVEN_D).to(q.dtype)
     s = _scores(q, tl.trans(k), qk_scale, cap_log2, SOFTCAP, PRECISION)
     if MASKED:
         visible = (pos[None, :] <= q_pos[:, None]) & (pos[None, :] > q_pos[:, None] - window)
@@ -56,7 +57,7 @@ def _tile(q, k_cache_ptr, v_cache_ptr, table, kv_off, n0, d, dmask, q_pos, kv_lo
     alpha = tl.exp2(m - m_new)
     p = tl.exp2(s - m_new[:, None])
     denom = denom * alpha + tl.sum(p, axis=1)
-    v = _load_rows(v_cache_ptr + rows, pmask, dmask, MASKED, EVEN_D)
+    v = _load_rows(v_cache_ptr + rows, pmask, dmask, MASKED, EVEN_D).to(q.dtype)
     acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION)
     return m_new, denom, acc
 
@@ -64,7 +65,7 @@ def _tile(q, k_cache_ptr, v_cache_ptr, table, kv_off, n0, d, dmask, q_pos, kv_lo
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
-    qk_scale, cap_log2, window,
+    qk_scale, cap_log2, window, v_scale,
     stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -112,7 +113,7 @@ def _prefill_kernel(
             m, denom, acc = _tile(q, k_cache_ptr, v_cache_ptr, table, kv_off, n0, d, dmask, q_pos, kv_lo,
                                   seq_len, m, denom, acc, qk_scale, cap_log2, window, stride_cb, stride_cs,
                                   BLOCK_SIZE, BLOCK_N, True, HEAD_DIM == BLOCK_D, SOFTCAP, PRECISION)
-        out = acc / tl.where(denom == 0.0, 1.0, denom)[:, None]
+        out = acc * v_scale / tl.where(denom == 0.0, 1.0, denom)[:, None]
         tl.store(out_ptr + token[:, None] * stride_ot + head * stride_oh + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
 
@@ -145,6 +146,8 @@ def paged_attention_prefill(
     *,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
     max_query_len: int | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
@@ -153,8 +156,8 @@ def paged_attention_prefill(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """max_query_len is a launch hint (an upper bound is fine); without it the grid is sized from
-    query_start_loc, which syncs with the host. sliding_window and softcap as in
-    paged_attention_ref."""
+    query_start_loc, which syncs with the host. sliding_window, softcap and the FP8 cache's k_scale
+    and v_scale as in paged_attention_ref."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = query.shape[1], query.shape[2]
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -171,7 +174,7 @@ def paged_attention_prefill(
     grid = (triton.cdiv(max_query_len, block_m), num_seqs, num_heads)
     _prefill_kernel[grid](
         query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
-        *score_scales(scale, softcap), sliding_window or NO_WINDOW,
+        *score_scales(scale * k_scale, softcap), sliding_window or NO_WINDOW, float(v_scale),
         query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,

@@ -5,7 +5,8 @@ query_start_loc[s]:query_start_loc[s+1], and has seq_lens[s] tokens of context i
 including its new tokens, which the caller has already written there. Its query row i sits at
 position seq_lens[s] - q_len + i and attends causally to every cached position up to its own, or,
 with a sliding window of w, to the w positions ending at its own (as transformers' sliding mask).
-Soft-capping (Gemma 2) squashes each score: cap * tanh(score / cap).
+Soft-capping (Gemma 2) squashes each score: cap * tanh(score / cap). An FP8 cache holds k / k_scale
+and v / v_scale (kv_cache_ref): read back, each is multiplied by its scale.
 """
 
 import torch
@@ -29,6 +30,8 @@ def paged_attention_ref(
     scale: float,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     num_heads = query.shape[1]
     num_kv_heads = k_cache.shape[2]
@@ -43,8 +46,8 @@ def paged_attention_ref(
             continue
         # Blocks wholly before the first row's window are not read: they may be freed already.
         first = max(0, seq_len - q_len - sliding_window + 1) // block_size if sliding_window else 0
-        k = gather_kv(k_cache, block_tables[s], seq_len, first).float().repeat_interleave(group, dim=1)
-        v = gather_kv(v_cache, block_tables[s], seq_len, first).float().repeat_interleave(group, dim=1)
+        k = gather_kv(k_cache, block_tables[s], seq_len, first).float().repeat_interleave(group, dim=1) * k_scale
+        v = gather_kv(v_cache, block_tables[s], seq_len, first).float().repeat_interleave(group, dim=1) * v_scale
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale
         if softcap:
             scores = softcap * torch.tanh(scores / softcap)

@@ -11,13 +11,17 @@ import torch
 import triton
 import triton.language as tl
 
+from pagoda.kernels.fp8_cast import to_cache
+
 
 @triton.jit
 def _rotate_heads(
     src_ptr, dst_ptr, stride_st, stride_sh, stride_dt, stride_dh, token, num_heads, head_dim,
     cos, sin, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
     BLOCK_PASS: tl.constexpr, COPY_PASS: tl.constexpr,
+    scale=1.0, FP8: tl.constexpr = False, ROUND_FIRST: tl.constexpr = False,
 ):
+    """FP8=True: dst is an e4m3 KV cache, which gets the rotated values / scale (kv_cache.to_cache)."""
     h = tl.arange(0, BLOCK_H)[:, None]
     j = tl.arange(0, BLOCK_HALF)[None, :]
     mask = (h < num_heads) & (j < HALF)
@@ -27,12 +31,13 @@ def _rotate_heads(
     x2 = tl.load(src + HALF + j, mask=mask, other=0.0).to(tl.float32)
     o1 = x1 * cos - x2 * sin
     o2 = x2 * cos + x1 * sin
-    tl.store(dst + j, o1.to(dst_ptr.dtype.element_ty), mask=mask)
-    tl.store(dst + HALF + j, o2.to(dst_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst + j, to_cache(o1, scale, dst_ptr.dtype.element_ty, FP8, ROUND_FIRST), mask=mask)
+    tl.store(dst + HALF + j, to_cache(o2, scale, dst_ptr.dtype.element_ty, FP8, ROUND_FIRST), mask=mask)
     if COPY_PASS:  # partial rotary: copy the unrotated tail into the fresh output
         p = 2 * HALF + tl.arange(0, BLOCK_PASS)[None, :]
         pmask = (h < num_heads) & (p < head_dim)
-        tl.store(dst + p, tl.load(src + p, mask=pmask), mask=pmask)
+        tail = tl.load(src + p, mask=pmask)
+        tl.store(dst + p, to_cache(tail, scale, dst_ptr.dtype.element_ty, FP8, ROUND_FIRST), mask=pmask)
 
 
 @triton.jit

@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pagoda.kernels.fp8_cast import round_first, to_cache
 from pagoda.kernels.rotary import _cos_sin, _rotate_heads
 
 
@@ -18,10 +19,11 @@ from pagoda.kernels.rotary import _cos_sin, _rotate_heads
 def _rotary_kv_cache_kernel(
     positions_ptr, q_ptr, k_ptr, v_ptr, cos_sin_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
-    stride_cb, stride_co, stride_ch, block_size,
+    stride_cb, stride_co, stride_ch, block_size, k_scale, v_scale,
     num_heads, num_kv_heads, head_dim,
     HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_PASS: tl.constexpr, HAS_PASS: tl.constexpr,
+    FP8: tl.constexpr, ROUND_FIRST: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     cos, sin = _cos_sin(positions_ptr, cos_sin_ptr, token, stride_cs, HALF, BLOCK_HALF)
@@ -33,12 +35,14 @@ def _rotary_kv_cache_kernel(
         row = (slot // block_size) * stride_cb + (slot % block_size) * stride_co
         # the cache row is the key's destination: token stride 0, the row offset folded in
         _rotate_heads(k_ptr, k_cache_ptr + row, stride_kt, stride_kh, 0, stride_ch, token, num_kv_heads,
-                      head_dim, cos, sin, HALF, BLOCK_KH, BLOCK_HALF, BLOCK_PASS, HAS_PASS)
+                      head_dim, cos, sin, HALF, BLOCK_KH, BLOCK_HALF, BLOCK_PASS, HAS_PASS,
+                      k_scale, FP8, ROUND_FIRST)
         h = tl.arange(0, BLOCK_KH)[:, None]
         d = tl.arange(0, BLOCK_D)[None, :]
         mask = (h < num_kv_heads) & (d < head_dim)
         v = tl.load(v_ptr + token * stride_vt + h * stride_vh + d, mask=mask)
-        tl.store(v_cache_ptr + row + h * stride_ch + d, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(v_cache_ptr + row + h * stride_ch + d,
+                 to_cache(v, v_scale, v_cache_ptr.dtype.element_ty, FP8, ROUND_FIRST), mask=mask)
 
 
 def rotary_kv_cache(
@@ -50,6 +54,8 @@ def rotary_kv_cache(
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 skips
+    k_scale: float = 1.0,  # FP8 caches only: the cache holds k / k_scale, v / v_scale
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Returns the query, rotated in place; the rotated key and the value land in their slots."""
     num_tokens, num_heads, head_dim = query.shape
@@ -65,10 +71,11 @@ def rotary_kv_cache(
         positions, query, key, value, cos_sin_cache, k_cache, v_cache, slot_mapping,
         query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         cos_sin_cache.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.shape[1],
-        num_heads, num_kv_heads, head_dim,
+        float(k_scale), float(v_scale), num_heads, num_kv_heads, head_dim,
         HALF=half, BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_KH=triton.next_power_of_2(num_kv_heads),
         BLOCK_HALF=triton.next_power_of_2(half), BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_PASS=triton.next_power_of_2(max(pass_dim, 1)), HAS_PASS=pass_dim > 0,
+        FP8=k_cache.dtype == torch.float8_e4m3fn, ROUND_FIRST=round_first(k_cache),
         num_warps=4 if num_heads * head_dim >= 2048 else 1,
     )
     return query

@@ -41,7 +41,10 @@ class Attention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q = ops.rotary_kv_cache(positions, q, k, v, cos_sin_cache, self.k_cache, self.v_cache, ctx.slot_mapping)
+        # the scales belong to an FP8 cache only; a bf16/fp32 cache holds k and v as they are
+        k_scale, v_scale = (self.k_scale, self.v_scale) if self.k_cache.dtype == torch.float8_e4m3fn else (1.0, 1.0)
+        q = ops.rotary_kv_cache(positions, q, k, v, cos_sin_cache, self.k_cache, self.v_cache, ctx.slot_mapping,
+                                k_scale, v_scale)
         out = ops.paged_attention(
             q,
             self.k_cache,
@@ -52,6 +55,8 @@ class Attention(nn.Module):
             self.scale,
             sliding_window=self.sliding_window,
             softcap=self.softcap,
+            k_scale=k_scale,
+            v_scale=v_scale,
             max_query_len=ctx.max_query_len,
             max_seq_len=ctx.max_seq_len,
             num_decode_seqs=ctx.num_decode_seqs,
