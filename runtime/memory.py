@@ -74,6 +74,35 @@ def count_parameters(config: dict, active: bool = False) -> int:
     return embeddings + total + hidden
 
 
+def fp8_linear_shape(config: dict) -> tuple[int, int]:
+    """(parameters, output rows) of the linear layers FP8 covers: attention and dense MLP
+    projections (embeddings, LM head, norms, MoE experts and routers stay in the compute dtype,
+    as runtime/quantization/apply.py leaves them)."""
+    hidden = config["hidden_size"]
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    q, kv = heads * _head_dim(config), kv_heads * _head_dim(config)
+    moe = moe_shape(config)
+    params = rows = 0
+    for i in range(config["num_hidden_layers"]):
+        params += hidden * (q + 2 * kv) + q * hidden
+        rows += q + 2 * kv + hidden
+        if moe is None or not is_sparse_layer(config, i):
+            params += 3 * hidden * config["intermediate_size"]
+            rows += 2 * config["intermediate_size"] + hidden
+    return params, rows
+
+
+def count_weight_bytes(config: dict, dtype_bytes: int, fp8: bool = False) -> int:
+    """Bytes of the weights; with fp8, the projections at one byte each plus a float32 scale per
+    output row."""
+    total = count_parameters(config) * dtype_bytes
+    if fp8:
+        params, rows = fp8_linear_shape(config)
+        total += params * (1 - dtype_bytes) + rows * 4
+    return total
+
+
 def kv_bytes_per_token(config: dict, dtype_bytes: int) -> int:
     kv_heads = config.get("num_key_value_heads") or config["num_attention_heads"]
     return 2 * config["num_hidden_layers"] * kv_heads * _head_dim(config) * dtype_bytes
@@ -90,14 +119,18 @@ def plan_memory(
     weight_bytes: int | None = None,
     num_kv_blocks: int | None = None,
     max_num_batched_tokens: int | None = None,
+    kv_dtype_bytes: int | None = None,
+    fp8_weights: bool = False,
 ) -> MemoryPlan:
     """Blocks = (total * utilization - weights - activations) // block bytes, unless num_kv_blocks
     overrides the pool size. With a sliding window on every layer, a decoding sequence holds at
     most cdiv(window, block_size) + 1 blocks, which sets the worst-case concurrency; `fits` also
-    counts one prefill chunk of max_num_batched_tokens (all of max_model_len when unknown)."""
+    counts one prefill chunk of max_num_batched_tokens (all of max_model_len when unknown).
+    kv_dtype_bytes: bytes per KV element (1 for an FP8 cache; default dtype_bytes); fp8_weights:
+    count FP8 projections when weight_bytes is not measured."""
     if weight_bytes is None:
-        weight_bytes = count_parameters(config) * dtype_bytes
-    per_token = kv_bytes_per_token(config, dtype_bytes)
+        weight_bytes = count_weight_bytes(config, dtype_bytes, fp8_weights)
+    per_token = kv_bytes_per_token(config, kv_dtype_bytes or dtype_bytes)
     block_bytes = per_token * block_size
     usable = int(total_memory_bytes * gpu_memory_utilization)
     if num_kv_blocks is None:

@@ -16,7 +16,7 @@ from pathlib import Path
 GIB = 1024**3
 
 
-PLAN_KNOBS = ("gpu_memory_utilization", "max_model_len", "dtype", "block_size")
+PLAN_KNOBS = ("gpu_memory_utilization", "max_model_len", "dtype", "block_size", "quantization", "kv_cache_dtype")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,21 +41,27 @@ def config_dir(model: str) -> Path:
 
 def make_plan(model: str, gpu_memory_gib: float, gpu_memory_utilization: float = 0.9,
               max_model_len: int | None = None, dtype: str = "auto", block_size: int = 16,
-              activation_gib: float = 0.0) -> dict:
+              activation_gib: float = 0.0, quantization: str | None = None, kv_cache_dtype: str = "auto") -> dict:
     from pagoda.runtime.memory import count_parameters, plan_memory
     from pagoda.runtime.model_config import DTYPE_BYTES, ModelConfig
     from pagoda.runtime.models.registry import check_supported
+    from pagoda.runtime.quantization.scheme import is_fp8_checkpoint
 
     mc = ModelConfig.from_path(config_dir(model), dtype=dtype, max_model_len=max_model_len)
     check_supported(mc.architecture)
     hf_config, resolved_dtype, max_len = mc.hf_config, mc.dtype, mc.max_model_len
     dtype_bytes = DTYPE_BYTES[resolved_dtype]
+    # FP8 weights on the fly or from the checkpoint; an FP8 cache holds one byte per element
+    fp8_weights = quantization == "fp8" or is_fp8_checkpoint(hf_config)
     plan = plan_memory(hf_config, dtype_bytes, int(gpu_memory_gib * GIB), gpu_memory_utilization, max_len,
-                       block_size=block_size, activation_bytes=int(activation_gib * GIB))
+                       block_size=block_size, activation_bytes=int(activation_gib * GIB),
+                       kv_dtype_bytes=1 if kv_cache_dtype != "auto" else dtype_bytes, fp8_weights=fp8_weights)
     result = plan.to_dict()
     result.update(
         model=str(model),
         dtype=resolved_dtype,
+        weight_dtype="fp8" if fp8_weights else resolved_dtype,
+        kv_cache_dtype="fp8" if kv_cache_dtype != "auto" else resolved_dtype,
         num_parameters=count_parameters(hf_config),
         # a mixture of experts runs each token through top-k experts only
         num_active_parameters=count_parameters(hf_config, active=True),
@@ -74,9 +80,11 @@ def format_plan(r: dict) -> str:
         f"model                   {r['model']} ({r['num_parameters'] / 1e9:.3f} B parameters{active}, {r['dtype']})",
         f"GPU memory              {r['gpu_memory_bytes'] / GIB:.2f} GiB x {r['gpu_memory_utilization']} "
         f"= {r['usable_bytes'] / GIB:.2f} GiB usable",
-        f"weights                 {r['weight_bytes'] / GIB:.3f} GiB ({r['weight_bytes']} bytes)",
+        f"weights                 {r['weight_bytes'] / GIB:.3f} GiB ({r['weight_bytes']} bytes, "
+        f"{r['weight_dtype']})",
         f"activations (reserved)  {r['activation_bytes'] / GIB:.3f} GiB",
-        f"KV cache per token      {r['kv_bytes_per_token']} bytes ({r['kv_bytes_per_token'] / 1024:.1f} KiB)",
+        f"KV cache per token      {r['kv_bytes_per_token']} bytes ({r['kv_bytes_per_token'] / 1024:.1f} KiB, "
+        f"{r['kv_cache_dtype']})",
         f"KV blocks               {r['num_kv_blocks']} x {r['block_size']} tokens "
         f"({r['block_bytes']} bytes each)",
         f"tokens that fit         {r['kv_capacity_tokens']}",
@@ -92,7 +100,8 @@ def format_plan(r: dict) -> str:
 def run(args) -> int:
     try:
         result = make_plan(args.model, args.gpu_memory_gib, args.gpu_memory_utilization, args.max_model_len,
-                           args.dtype, args.block_size, args.activation_gib)
+                           args.dtype, args.block_size, args.activation_gib, args.quantization,
+                           args.kv_cache_dtype)
     except (OSError, ValueError, KeyError) as exc:
         print(f"pagoda plan: {exc}", file=sys.stderr)
         return 2

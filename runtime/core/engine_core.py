@@ -116,6 +116,7 @@ class EngineCore:
             config={**cfg.hf_config, "num_key_value_heads": kv_heads, "num_attention_heads": cfg.num_heads,
                     "head_dim": cfg.head_dim},
             dtype_bytes=cfg.dtype_bytes,
+            kv_dtype_bytes=1 if args.kv_cache_dtype != "auto" else cfg.dtype_bytes,
             max_model_len=cfg.max_model_len,
             block_size=args.block_size,
             weight_bytes=self.executor.weight_bytes(),

@@ -181,3 +181,31 @@ def test_fp8_kv_cache_reads_checkpoint_scales_and_stays_close(tiny_models, tmp_p
     diff = (logprobs["fp8"] - logprobs["auto"]).abs()
     # e4m3 keeps 3 mantissa bits: a few hundredths of a nat on average on this tiny random model
     assert 0 < diff.mean() < 0.06 and diff.max() < 0.3, (diff.mean(), diff.max())
+
+
+def test_plan_counts_fp8_bytes_as_the_checkpoint_holds_them(checkpoints, tiny_models):
+    """`pagoda plan` on an FP8 checkpoint: its weight bytes are the checkpoint's own (projections at
+    one byte plus a float32 scale per row, the rest as stored); an FP8 cache holds a byte per
+    element; --quantization fp8 on the plain checkpoint counts the same weights."""
+    from safetensors import safe_open
+
+    from pagoda.runtime.plan import make_plan
+
+    dst = checkpoints["compressed-tensors", True, False]
+    with safe_open(dst / "model.safetensors", framework="pt") as f:
+        stored = sum(f.get_tensor(k).nbytes for k in f.keys())
+    fp8 = make_plan(str(dst), 1.0, kv_cache_dtype="fp8")
+    assert fp8["weight_bytes"] == stored and fp8["weight_dtype"] == "fp8"
+    plain = make_plan(tiny_models["llama"], 1.0)  # float32 weights and cache
+    assert fp8["kv_bytes_per_token"] * 4 == plain["kv_bytes_per_token"]
+    assert fp8["num_kv_blocks"] > plain["num_kv_blocks"]
+    assert make_plan(tiny_models["llama"], 1.0, quantization="fp8")["weight_bytes"] == stored
+
+
+def test_pagoda_plan_cli_takes_the_fp8_flags(tiny_models, capsys):
+    from pagoda.runtime.cli import main
+
+    code = main(["plan", tiny_models["llama"], "--gpu-memory-gib", "1", "--quantization", "fp8",
+                 "--kv-cache-dtype", "fp8", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0 and result["weight_dtype"] == "fp8" and result["kv_cache_dtype"] == "fp8"
