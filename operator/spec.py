@@ -110,6 +110,13 @@ class EngineSpec(Model):
     )
     dtype: Literal["auto", "float16", "bfloat16", "float32"] = Field(default="auto")
     enable_prefix_caching: bool = Field(default=True)
+    quantization: Literal["fp8"] | None = Field(
+        default=None, description="fp8: FP8 weights quantized at load (per-channel weights, per-token activations); "
+        "an FP8 checkpoint is read as FP8 without it.",
+    )
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3"] = Field(
+        default="auto", description="KV-cache element type: auto (the model's dtype) or fp8 (e4m3, one byte).",
+    )
     tensor_parallel_size: int | None = Field(
         default=None, ge=1, le=8, description="GPUs one model copy spans; unset means resources.gpus (1 on CPU)."
     )

@@ -25,6 +25,8 @@ def engine_knobs(ms: ModelServer) -> dict:
         "max_num_seqs": engine.max_num_seqs,
         "max_num_batched_tokens": engine.max_num_batched_tokens,
         "enable_prefix_caching": None if engine.enable_prefix_caching else False,
+        "quantization": engine.quantization,
+        "kv_cache_dtype": None if engine.kv_cache_dtype == "auto" else engine.kv_cache_dtype,
         "tensor_parallel_size": ms.spec.tensor_parallel_size if ms.spec.tensor_parallel_size > 1 else None,
         "device": "cpu" if ms.spec.resources.gpus == 0 else None,
     }

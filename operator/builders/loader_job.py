@@ -26,7 +26,8 @@ def plan_args(ms: ModelServer, model_path: str) -> list[str]:
     engine = ms.spec.engine
     gib, _ = plan_memory_gib(ms)
     knobs = {"gpu_memory_utilization": engine.gpu_memory_utilization, "dtype": engine.dtype,
-             "max_model_len": engine.max_model_len}
+             "max_model_len": engine.max_model_len, "quantization": engine.quantization,
+             "kv_cache_dtype": None if engine.kv_cache_dtype == "auto" else engine.kv_cache_dtype}
     return [model_path, "--gpu-memory-gib", f"{gib:g}", *to_cli_flags(knobs)]
 
 

@@ -209,3 +209,20 @@ def test_pagoda_plan_cli_takes_the_fp8_flags(tiny_models, capsys):
                  "--kv-cache-dtype", "fp8", "--json"])
     result = json.loads(capsys.readouterr().out)
     assert code == 0 and result["weight_dtype"] == "fp8" and result["kv_cache_dtype"] == "fp8"
+
+
+def test_operator_plan_args_carry_the_fp8_settings(tiny_models):
+    """A ModelServer's engine.quantization and engine.kvCacheDtype reach the loader's `pagoda plan`."""
+    import argparse
+
+    from pagoda.operator.builders.loader_job import plan_args
+    from pagoda.operator.spec import ModelServer
+    from pagoda.runtime import plan
+
+    body = {"apiVersion": "pagoda.dev/v1alpha1", "kind": "ModelServer",
+            "metadata": {"name": "m", "namespace": "ml", "uid": "u", "generation": 1},
+            "spec": {"model": {"uri": "hf://org/m"}, "engine": {"quantization": "fp8", "kvCacheDtype": "fp8"}}}
+    parser = argparse.ArgumentParser()
+    plan.add_arguments(parser)
+    args = parser.parse_args(plan_args(ModelServer.from_body(body), tiny_models["llama"]))
+    assert (args.quantization, args.kv_cache_dtype) == ("fp8", "fp8")
