@@ -226,3 +226,29 @@ def test_operator_plan_args_carry_the_fp8_settings(tiny_models):
     plan.add_arguments(parser)
     args = parser.parse_args(plan_args(ModelServer.from_body(body), tiny_models["llama"]))
     assert (args.quantization, args.kv_cache_dtype) == ("fp8", "fp8")
+
+
+@pytest.mark.parametrize("per_channel,static", [(True, False), (False, True)])
+def test_fp8_matmul_path_matches_transformers_fake_quantized_forward(tiny_models, checkpoints, monkeypatch,
+                                                                     per_channel, static):
+    """The GPU's path, run on the CPU (torch 2.13 has torch._scaled_mm with row-wise scales there):
+    weights stay FP8 and each linear input is quantized (per token, or by the static input_scale)
+    before torch._scaled_mm. transformers' compressed-tensors forward without dequantize=True
+    fake-quantizes the same inputs, so the two agree to fp32 rounding."""
+    from transformers import AutoModelForCausalLM
+
+    from pagoda.runtime.quantization import fp8_linear
+
+    monkeypatch.setattr(fp8_linear, "has_fp8_matmul", lambda device: True)
+    dst = checkpoints["compressed-tensors", per_channel, static]
+    rng = random.Random(6)
+    seqs = [[rng.randrange(5, 512) for _ in range(n)] for n in (40, 44)]
+    got = engine_logits(str(dst), seqs)
+    model = AutoModelForCausalLM.from_pretrained(dst, dtype=torch.float32).eval()
+    dequantized = reference(Path(tiny_models["llama"]), dst, "compressed-tensors")
+    for s, seq in enumerate(seqs):
+        with torch.no_grad():
+            want = model(torch.tensor([seq])).logits[0]
+            weights_only = dequantized(torch.tensor([seq])).logits[0]
+        assert (got[s] - want).abs().max() <= ATOL
+        assert (got[s] - weights_only).abs().max() > 10 * ATOL  # the activations were quantized

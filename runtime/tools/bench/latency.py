@@ -136,7 +136,7 @@ def run(args) -> int:
     figures = summarize(runs)
     if any(n != args.output_len for n in figures["output_tokens_per_run"]):
         raise RuntimeError(f"expected {args.output_len} tokens per run, got {figures['output_tokens_per_run']}")
-    floor = decode_floor_ms(workloads.load_config(model_path))
+    floor = decode_floor_ms(workloads.load_config(model_path), fp8=getattr(args, "quantization", None) == "fp8")
     record = {
         "workload": "W2",
         "backend": args.backend,
@@ -146,6 +146,8 @@ def run(args) -> int:
         "output_len": args.output_len,
         "iters": args.iters,
         "hf_cache": args.hf_cache if args.backend == "hf" else None,
+        "quantization": getattr(args, "quantization", None),
+        "kv_cache_dtype": getattr(args, "kv_cache_dtype", "auto"),
         **figures,
         "floor_ms": floor,
         "ratio_to_floor": figures["tpot_ms_p50"] / floor,

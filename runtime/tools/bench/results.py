@@ -106,6 +106,13 @@ def result_path(out_dir: str | Path, workload: str, backend: str, suffix: str = 
     return Path(out_dir) / f"{workload}-{backend}-{stamp}{suffix}"
 
 
+def precision_tag(record: dict) -> str:
+    """'-fp8' for FP8 weights, '-kvfp8' for an FP8 KV cache, in the result's file name
+    (W2-pagoda-fp8-<stamp>.json), so FP8 runs never pass for bf16 ones."""
+    tag = "-fp8" if record.get("quantization") == "fp8" else ""
+    return tag + ("-kvfp8" if record.get("kv_cache_dtype") not in (None, "auto") else "")
+
+
 def write_result(record: dict, out_dir: str | Path | None = None, plot=None) -> dict:
     """Write `record` (which has at least workload, backend and the figures) as JSON next to a PNG
     made by `plot(record, png_path)`. Returns {"json": path, "png": path or None}. The PNG needs
@@ -113,7 +120,7 @@ def write_result(record: dict, out_dir: str | Path | None = None, plot=None) -> 
     out_dir = Path(out_dir) if out_dir is not None else DEFAULT_OUT_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     full = {"workload": record["workload"], "backend": record["backend"], **environment(), **record}
-    json_path = result_path(out_dir, full["workload"], full["backend"])
+    json_path = result_path(out_dir, full["workload"], full["backend"] + precision_tag(full))
     try:
         import matplotlib
     except ImportError:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass
 
-from pagoda.runtime.memory import count_parameters, kv_bytes_per_token
+from pagoda.runtime.memory import count_parameters, count_weight_bytes, kv_bytes_per_token
 from pagoda.runtime.models.hf_fields import is_sparse_layer, moe_shape
 
 # H200, measured (BENCHMARKS.md): bf16 8192^3 matmul, and device-to-device copy (read + write).
@@ -103,9 +103,10 @@ def offline_roofline(
     )
 
 
-def decode_floor_ms(config: dict, dtype_bytes: int = 2, tb_per_s: float = H200_TB_PER_S) -> float:
-    """W2's floor: one decode step cannot beat one read of the weights."""
-    return count_parameters(config) * dtype_bytes / (tb_per_s * 1e12) * 1e3
+def decode_floor_ms(config: dict, dtype_bytes: int = 2, tb_per_s: float = H200_TB_PER_S, fp8: bool = False) -> float:
+    """W2's floor: one decode step cannot beat one read of the weights (FP8 projections: one byte
+    each plus their scales)."""
+    return count_weight_bytes(config, dtype_bytes, fp8) / (tb_per_s * 1e12) * 1e3
 
 
 def published_w1_prompt_lens(seed: int = 0, num_requests: int = 256) -> list[int]:

@@ -174,6 +174,8 @@ def run(args) -> int:
         "workload_num_prompts": full_count,
         "capped": len(requests) < full_count,
         "output_len": args.output_len,
+        "quantization": getattr(args, "quantization", None),
+        "kv_cache_dtype": getattr(args, "kv_cache_dtype", "auto"),
         "prompt_tokens": roof.prompt_tokens,
         "output_tokens_per_s": tok_per_s,
         "roofline_output_tokens_per_s": roof.output_tokens_per_s,

@@ -19,7 +19,7 @@ import time
 # them), so a ratio to vLLM "as shipped" needs no flag and one "at the same seats" needs one.
 SHARED_KNOBS = ("dtype", "max_model_len", "block_size", "gpu_memory_utilization", "max_num_seqs",
                 "max_num_batched_tokens", "long_prefill_token_threshold", "enable_prefix_caching", "seed", "load_format",
-                "enforce_eager")
+                "enforce_eager", "quantization", "kv_cache_dtype")
 
 
 def import_vllm():
