@@ -50,6 +50,8 @@ def finish(model: nn.Module, scheme: FP8Scheme, compute_dtype: torch.dtype) -> N
     """After loading: quantize on the fly, keep FP8 for the GPU's FP8 matmuls, or dequantize."""
     layers = [m for m in model.modules() if getattr(m, "fp8", None) is not None]
     dequantized = [fp8_linear.finish_loading(layer, scheme, compute_dtype) for layer in layers]
+    if layers and layers[0].weight.is_cuda:
+        torch.cuda.empty_cache()  # the replaced bf16 weights: give the KV pool their memory back whole
     if any(dequantized):
         device = layers[0].weight.device
         why = ("the scheme quantizes weights only" if scheme.activations == "none"
