@@ -30,8 +30,6 @@ class OperatorConfig:
     # Every API call gives up after this long: the official client waits forever by default, and
     # a half-open connection would hold a handler thread (and its ModelServer) for good.
     api_timeout_seconds: float = 30.0
-    # The autoscaler's timer ticks this often; each ModelServer acts once per scrapeIntervalSeconds.
-    autoscaler_tick_seconds: float = 1.0
     # Longest wait for one pod's /metrics (and the router's), capped by the scrape interval.
     scrape_timeout_seconds: float = 2.0
     # The router's /metrics, whose queue wakes a ModelServer at minReplicas 0 (None: no router).
@@ -62,7 +60,6 @@ ENV = {
     "retry_max_seconds": "PAGODA_RETRY_MAX_SECONDS",
     "cluster_domain": "PAGODA_CLUSTER_DOMAIN",
     "api_timeout_seconds": "PAGODA_API_TIMEOUT_SECONDS",
-    "autoscaler_tick_seconds": "PAGODA_AUTOSCALER_TICK_SECONDS",
     "scrape_timeout_seconds": "PAGODA_AUTOSCALER_SCRAPE_TIMEOUT_SECONDS",
     "router_metrics_url": "PAGODA_ROUTER_METRICS_URL",
     "prometheus_address": "PAGODA_PROMETHEUS_ADDRESS",

@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
+import kopf
 from kubernetes.client.exceptions import ApiException
 
 from pagoda.operator import cache_size
@@ -152,9 +153,10 @@ def autoscaler_objects(ms: ModelServer, config: OperatorConfig) -> list[dict] | 
             return None
         raise
     objects = list(module.build_autoscaler(ms, config) or [])
+    # kopf.adopt's parts, less its copying of the ModelServer's own labels onto the children.
+    kopf.append_owner_reference(objects, owner=meta.owner_body(ms))
+    kopf.adjust_namespace(objects, namespace=ms.namespace)
     for obj in objects:
-        obj["metadata"].setdefault("namespace", ms.namespace)
-        obj["metadata"].setdefault("ownerReferences", [meta.owner_reference(ms)])
         obj["metadata"].setdefault("labels", {}).update(meta.labels(ms, "autoscaler"))
     return objects
 

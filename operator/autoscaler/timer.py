@@ -1,4 +1,4 @@
-"""The operator's own autoscaler: a kopf timer per ModelServer that scales it on its queue.
+"""The operator's own autoscaler: a kopf daemon per ModelServer that scales it on its queue.
 
 Each scrape interval it lists the ModelServer's ready pods by the Deployment's selector, scrapes
 their /metrics over the pod IPs (scrape.py), asks the policy (policy.py) for desired replicas and,
@@ -10,21 +10,22 @@ replicas (the reconcile, which the change of spec wakes at once).
 Status gets desiredReplicas, waitingRequests, lastScaleTime, the figures behind the decision under
 `autoscaling`, and a ScalingActive condition with the policy's reason. Each change posts an Event.
 
-handlers.py imports this module, and the import registers the timer. kopf fixes a timer's interval
-at registration, so the timer ticks every OperatorConfig.autoscaler_tick_seconds (default 1, from
-$PAGODA_AUTOSCALER_TICK_SECONDS) and each ModelServer acts only once its own
-spec.scaling.scrapeIntervalSeconds has passed.
+handlers.py imports this module, and the import registers the daemon. A daemon, unlike a timer,
+reads its period from the object: it sleeps the ModelServer's own spec.scaling.scrapeIntervalSeconds
+(read afresh from kopf's live body each time), keeps the policy's memory in a local variable (lost
+on restart: the scale-down delay then counts afresh, which errs on the side of keeping replicas),
+and kopf stops it when the ModelServer goes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 import kopf
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from pagoda.operator import spec as s
@@ -42,15 +43,6 @@ DELEGATED = {
     "hpa": ("DelegatedToHPA", "HorizontalPodAutoscaler"),
     "keda": ("DelegatedToKEDA", "ScaledObject"),
 }
-
-
-@dataclass(slots=True)
-class Memory:
-    """Per-ModelServer autoscaler memory, kept in kopf's per-object memo (lost on restart: the
-    scale-down delay then counts afresh, which errs on the side of keeping replicas)."""
-
-    state: ScalingState = field(default_factory=ScalingState)
-    last_tick: float | None = None
 
 
 def _iso_now() -> str:
@@ -99,31 +91,26 @@ def fixed_patch(ms: s.ModelServer, current: dict, now: str) -> dict:
     }
 
 
-async def autoscale(body: kopf.Body, memo: kopf.Memo, logger: Any, tick: float) -> None:
-    """One tick for one ModelServer; it acts once per scrape interval (to within half a tick)."""
+async def autoscale(body: kopf.Body, memo: kopf.Memo, logger: Any, state: ScalingState) -> ScalingState:
+    """One scrape-and-decide for one ModelServer; returns the policy's memory for the next one."""
     if (body.get("metadata") or {}).get("deletionTimestamp"):
-        return
+        return state
     try:
         ms = s.ModelServer.from_body(body)
     except ValueError:
-        return  # a spec the models reject: the reconcile reports it (InvalidSpec), once
+        return state  # a spec the models reject: the reconcile reports it (InvalidSpec), once
     params = ScalingParams.from_model(ms)
-    memory: Memory = getattr(memo, "autoscaler", None) or Memory()
-    memo.autoscaler = memory
     clock = time.monotonic()
-    if memory.last_tick is not None and clock - memory.last_tick < params.scrape_interval_seconds - tick / 2:
-        return
-    memory.last_tick = clock
 
     cluster: Cluster = memo.cluster
     current = dict(body.get("status") or {})
     now = _iso_now()
     if ms.spec.scaling.mode != "operator":
         await _patch_status(cluster, ms, current, delegated_patch(ms, current, now))
-        return
+        return state
     if ms.spec.scaling.min_replicas >= ms.spec.scaling.max_replicas:
         await _patch_status(cluster, ms, current, fixed_patch(ms, current, now))
-        return
+        return state
 
     pods = await asyncio.to_thread(cluster.list, "Pod", ms.namespace, meta.selector_labels(ms))
     config: OperatorConfig = getattr(memo, "config", None) or current_config()
@@ -132,8 +119,7 @@ async def autoscale(body: kopf.Body, memo: kopf.Memo, logger: Any, tick: float) 
     # Only minReplicas 0 needs the router's queue: it is what wakes a ModelServer at zero.
     key = f"{ms.namespace}/{ms.name}"
     router = await router_load(key, timeout, config.router_metrics_url) if params.min_replicas == 0 else None
-    decision = decide(loads, ms.spec.replicas, params, memory.state, clock, router=router)
-    memory.state = decision.state
+    decision = decide(loads, ms.spec.replicas, params, state, clock, router=router)
 
     scaled = decision.desired_replicas != ms.spec.replicas
     if scaled:
@@ -142,6 +128,7 @@ async def autoscale(body: kopf.Body, memo: kopf.Memo, logger: Any, tick: float) 
         logger.info(f"autoscaler: {decision.reason}: {decision.message}")
         kopf.event(body, type="Normal", reason=f"Scaled{direction}", message=decision.message)
     await _patch_status(cluster, ms, current, status_patch(ms, current, decision, now, scaled))
+    return decision.state
 
 
 async def _patch_status(cluster: Cluster, ms: s.ModelServer, current: dict, status: dict) -> None:
@@ -159,23 +146,38 @@ async def _patch_status(cluster: Cluster, ms: s.ModelServer, current: dict, stat
                 raise
 
 
-def register(registry: kopf.OperatorRegistry | None = None, interval: float | None = None) -> None:
-    """Register the timer (kopf's default registry unless given: tests bring their own), ticking
-    every `interval` seconds (default: the installed OperatorConfig's)."""
-    interval = interval or current_config().autoscaler_tick_seconds
+def scrape_interval(body: kopf.Body) -> float:
+    """The ModelServer's own period, from the live body (the CRD defaults and bounds it)."""
+    scaling = (body.get("spec") or {}).get("scaling") or {}
+    return float(scaling.get("scrapeIntervalSeconds") or s.ScalingSpec().scrape_interval_seconds)
 
-    async def autoscaler_tick(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
-        await autoscale(body, memo, logger, tick=interval)
 
-    kopf.timer(
+async def run(body: kopf.Body, memo: kopf.Memo, logger: Any, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    """The daemon: scrape and decide once per scrape interval, until kopf stops it."""
+    state = ScalingState()
+    while not stopped:
+        started = time.monotonic()
+        try:
+            state = await autoscale(body, memo, logger, state)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            # The API server unreachable or refusing for a moment: the next interval tries again,
+            # and the policy's memory (the scale-down delay) survives.
+            logger.warning(f"autoscaler: {exc}; retrying in {scrape_interval(body):g}s")
+        # One scrape per interval, start to start (a scrape takes at most the interval itself).
+        await stopped.wait(max(scrape_interval(body) - (time.monotonic() - started), 0.05))
+
+
+def register(registry: kopf.OperatorRegistry | None = None) -> None:
+    """Register the daemon (kopf's default registry unless given: tests bring their own)."""
+    kopf.daemon(
         s.GROUP, s.VERSION, s.PLURAL,
         id=HANDLER_ID,
-        interval=interval,
-        # A failed tick (the API server unreachable, say) is retried on the next tick, not after
-        # kopf's default minute of backoff: the queue does not wait.
-        backoff=max(interval, 1.0),
+        # Anything else that escapes is a bug: kopf restarts the daemon soon, not after its minute.
+        backoff=1.0,
+        # run() leaves at the next stopped.wait(); a scrape in flight takes at most its timeout.
+        cancellation_timeout=5.0,
         registry=registry,
-    )(autoscaler_tick)  # fmt: skip
+    )(run)  # fmt: skip
 
 
 register()

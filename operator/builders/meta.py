@@ -33,16 +33,16 @@ def selector_string(ms: ModelServer) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(ms).items()))
 
 
+def owner_body(ms: ModelServer) -> dict:
+    """The ModelServer in the shape kopf's ownership helpers read."""
+    return {"apiVersion": ms.api_version, "kind": ms.kind, "metadata": ms.metadata}
+
+
 def owner_reference(ms: ModelServer) -> dict:
     """Garbage collection deletes the owned objects with the ModelServer (not the cache PVC)."""
-    return {
-        "apiVersion": ms.api_version,
-        "kind": ms.kind,
-        "name": ms.name,
-        "uid": ms.uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
+    import kopf  # here: the router (its image has no kopf) imports this module for served_name
+
+    return dict(kopf.build_owner_reference(owner_body(ms), controller=True, block_owner_deletion=True))
 
 
 def object_meta(ms: ModelServer, name: str, component: str, *, owned: bool = True) -> dict:

@@ -25,4 +25,6 @@ def build_cache_pvc(ms: ModelServer) -> dict | None:
 
 def cache_owner_reference(ms: ModelServer) -> dict:
     # Not blocking: foreground deletion of the ModelServer need not wait for the volume to go.
-    return {**meta.owner_reference(ms), "controller": False, "blockOwnerDeletion": False}
+    import kopf
+
+    return dict(kopf.build_owner_reference(meta.owner_body(ms), controller=False, block_owner_deletion=False))

@@ -191,7 +191,7 @@ async def deployment_controller(
 
 @contextlib.asynccontextmanager
 async def autoscaler(cluster: Cluster):
-    """kopf with only the autoscaler's timer registered (ticking every 0.25 s), on its own loop in
+    """kopf with only the autoscaler's daemon registered, on its own loop in
     a thread, as in production: kopf owns its loop and cancels what it finds there on stop."""
     registry = kopf.OperatorRegistry()
     kopf.on.login(registry=registry)(kopf.login_via_client)
@@ -201,7 +201,7 @@ async def autoscaler(cluster: Cluster):
         settings.scanning.disabled = True
         settings.posting.level = logging.INFO
 
-    register(registry, interval=0.25)
+    register(registry)
     stop, ready = threading.Event(), threading.Event()
     operator = kopf.operator(
         registry=registry, standalone=True, namespaces=[NS], memo=kopf.Memo(cluster=cluster),
