@@ -73,9 +73,15 @@ def _run(memo: kopf.Memo, body: Any) -> None:
         if delta:
             # Only onto the version this pass read: a status written meanwhile (the autoscaler's
             # condition, another pass) makes this a 409 and the retry merges it, never erases it.
-            memo.cluster.patch_status(
-                s.KIND, meta["namespace"], meta["name"], delta, resource_version=meta.get("resourceVersion")
-            )
+            try:
+                memo.cluster.patch_status(
+                    s.KIND, meta["namespace"], meta["name"], delta, resource_version=meta.get("resourceVersion")
+                )
+            except ApiException:
+                # What the pass did (a Job created, a Deployment patched) happened all the same, and the
+                # retry finds it done: say so now. A phase change is said by the pass that writes it.
+                _post(body, [e for e in outcome.events if not e[1].startswith("Phase")])
+                raise
     except ValueError as exc:  # a spec the CRD let through but the models reject
         kopf.warn(body, reason="InvalidSpec", message=str(exc)[:1000])
         raise kopf.PermanentError(str(exc)) from exc
@@ -87,7 +93,11 @@ def _run(memo: kopf.Memo, body: Any) -> None:
         raise
     except (urllib3.exceptions.HTTPError, OSError) as exc:  # the API server unreachable for a moment
         raise kopf.TemporaryError(f"API unreachable ({exc}); retrying", delay=retry_delay()) from exc
-    for type_, reason, message in outcome.events:
+    _post(body, outcome.events)
+
+
+def _post(body: Any, events: list[tuple[str, str, str]]) -> None:
+    for type_, reason, message in events:
         kopf.event(body, type=type_, reason=reason, message=message)
 
 

@@ -37,8 +37,9 @@ async def running_operator(**memo):
         assert not thread.is_alive(), "the operator did not stop"
 
 
-async def eventually(check, timeout: float = 10.0, interval: float = 0.05):
-    """Poll check() (sync, run in a thread since it may call the API) until it returns truthy."""
+async def eventually(check, timeout: float = 60.0, interval: float = 0.05):
+    """Poll check() (sync, run in a thread since it may call the API) until it returns truthy. The
+    deadline is a hang guard, generous for a loaded 2-core machine; nothing here times anything."""
     deadline = asyncio.get_running_loop().time() + timeout
     last = None
     while True:

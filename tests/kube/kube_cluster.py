@@ -23,8 +23,9 @@ CHART = ROOT / "charts" / "pagoda"
 EXAMPLES = ROOT / "examples"
 OPERATOR_NAMESPACE = "pagoda-system"
 RELEASE = "pagoda"
-# Generous: a 2-core CI machine runs the whole control plane beside the operator and pytest.
-WAIT_SECONDS = float(os.environ.get("PAGODA_KUBE_WAIT_SECONDS", "120"))
+# Generous: a 2-core CI machine runs the whole control plane beside the operator and pytest. Every
+# wait is on state (a condition, observedGeneration, a count); this deadline only guards a hang.
+WAIT_SECONDS = float(os.environ.get("PAGODA_KUBE_WAIT_SECONDS", "300"))
 
 
 def cache_dir() -> Path:
@@ -51,7 +52,7 @@ class Kube:
     def kubectl(self, *args: str, input: str | None = None, check: bool = True,
                 kubeconfig: Path | None = None) -> subprocess.CompletedProcess:
         cmd = [str(self.bin / "kubectl"), "--kubeconfig", str(kubeconfig or self.kubeconfig), *args]
-        result = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=120)
+        result = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=360)
         if check and result.returncode != 0:
             raise AssertionError(f"{' '.join(args)} failed ({result.returncode}): {result.stderr}")
         return result

@@ -11,6 +11,7 @@ import functools
 import json
 from pathlib import Path
 
+import kmock
 import kubernetes
 import pytest
 from crd_check import admit
@@ -35,7 +36,7 @@ def plan_output() -> dict:
     return make_plan(str(DEMO_MODEL), 2.0, dtype="float32")
 
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(600)  # a hang guard: each wait below is on state
 call = asyncio.to_thread  # the API server runs on this loop: never block it
 
 
@@ -113,7 +114,25 @@ def status(cluster: Cluster, name: str) -> dict:
 
 
 def phase_is(cluster: Cluster, name: str, phase: str):
-    return lambda: status(cluster, name).get("phase") == phase and status(cluster, name)
+    """The phase, written by a pass that saw the ModelServer's latest spec (not an earlier one's)."""
+
+    def check():
+        ms = cluster.get("ModelServer", NS, name) or {}
+        st = ms.get("status") or {}
+        current = st.get("observedGeneration") == (ms.get("metadata") or {}).get("generation")
+        return st if current and st.get("phase") == phase else None
+
+    return check
+
+
+def operator_passes(apiserver, plural: str) -> int:
+    """The operator's writes of one kind of child (server-side apply is a PATCH): one per pass."""
+    return sum(
+        1
+        for request in apiserver
+        if isinstance(request, kmock.Request) and request.method == "PATCH" and request.resource is not None
+        and request.resource.plural == plural and request.headers.get("User-Agent") != "pagoda-tests"
+    )
 
 
 def condition(st: dict, type_: str) -> dict:
@@ -218,8 +237,10 @@ async def test_lifecycle(apiserver):
     # it, so the spec is compared here.)
     before = list(apiserver.created)
     spec_before = (await call(cluster.get, "Deployment", NS, "demo"))["spec"]
+    passes = operator_passes(apiserver, "deployments")
     async with running_operator(config=CONFIG):
-        await asyncio.sleep(2.0)  # resume handlers and a few resync ticks
+        # The resume handler's pass has applied the Deployment again (and changed nothing).
+        await eventually(lambda: operator_passes(apiserver, "deployments") > passes)
         created = [c for c in apiserver.created[len(before) :] if c[0] != "events"]
         assert created == []
         assert (await call(cluster.get, "Deployment", NS, "demo"))["spec"] == spec_before
