@@ -37,6 +37,7 @@ TYPED: dict[str, tuple[str, str]] = {
 CUSTOM: dict[str, tuple[str, str, str]] = {
     s.KIND: (s.GROUP, s.VERSION, s.PLURAL),
     "ScaledObject": ("keda.sh", "v1alpha1", "scaledobjects"),
+    "InferencePool": ("inference.networking.k8s.io", "v1", "inferencepools"),
 }
 
 Action = Literal["created", "patched", "unchanged"]

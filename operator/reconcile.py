@@ -25,6 +25,7 @@ from pagoda.operator.builders.pvc import build_cache_pvc
 from pagoda.operator.builders.service import build_service, endpoint
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.gpus import quantity_gib
+from pagoda.operator.inference_pool import apply_inference_pool
 from pagoda.operator.k8s import Cluster
 from pagoda.operator.spec import ModelServer
 from pagoda.operator.status import Observation, compute_status
@@ -261,11 +262,12 @@ def reconcile(cluster: Cluster, config: OperatorConfig, body, now: datetime | No
 
     _ensure_cache_claim(cluster, ms, events)
     cache, loader, plan, state, message = _load_cache(cluster, config, ms, now, events)
-    deployment, rejected = None, None
+    deployment, rejected, pool = None, None, None
     if state == "ready":
         deployment, rejected = _apply_serving(cluster, config, ms, cache.path, events)
         if rejected is None:
             _apply_autoscaler(cluster, config, ms, events)
+            pool = apply_inference_pool(cluster, ms, events)
     elif cache.ready:  # a reload is under way: the old Deployment keeps serving
         deployment = _follow_replicas(cluster, ms, cluster.get("Deployment", ms.namespace, ms.name))
 
@@ -284,6 +286,7 @@ def reconcile(cluster: Cluster, config: OperatorConfig, body, now: datetime | No
         endpoint=endpoint(ms, config.cluster_domain) if deployment is not None else None,
         rejected=rejected,
         cache_size=size,
+        inference_pool=pool,
     )
     status = compute_status(ms, obs, _iso(now))
     old_phase = ms.status.phase

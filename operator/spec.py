@@ -221,8 +221,18 @@ class LoadBalancingSpec(Model):
     )
 
 
+class EndpointPickerRef(Model):
+    """The Gateway API Inference Extension's endpoint picker (EPP) Service for this pool."""
+
+    name: str = Field(max_length=253, description="The endpoint picker's Service, in this namespace.")
+    port: int = Field(default=9002, ge=1, le=65535, description="Its gRPC (ext-proc) port; 9002 is the EPP's default.")
+    failure_mode: Literal["FailOpen", "FailClose"] = Field(
+        default="FailClose", description="What the Gateway does while the picker does not answer."
+    )
+
+
 class RoutingSpec(Model):
-    """Read by `pagoda router`; the operator only validates it."""
+    """Read by `pagoda router`; the operator reads only inferencePool and endpointPickerRef."""
 
     aliases: list[Annotated[str, StringConstraints(min_length=1, max_length=256)]] = Field(
         default_factory=list,
@@ -230,6 +240,14 @@ class RoutingSpec(Model):
         description="Further `model` names the router accepts for this ModelServer, besides model.name.",
     )
     load_balancing: LoadBalancingSpec = Field(default_factory=LoadBalancingSpec)
+    inference_pool: bool = Field(
+        default=False,
+        description="Also emit a Gateway API Inference Extension InferencePool (inference.networking.k8s.io/v1) "
+        "selecting the serving pods, where that CRD is installed.",
+    )
+    endpoint_picker_ref: EndpointPickerRef | None = Field(
+        default=None, description="The InferencePool's endpoint picker (EPP) Service."
+    )
 
 
 # The operator makes the cache claim itself (its accessMode applies) for hf:// URIs with the cache on.

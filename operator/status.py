@@ -28,6 +28,7 @@ class Observation:
     endpoint: str | None
     rejected: str | None = None  # the API server's word on a serving object it refused
     cache_size: tuple[str, str, str, str] | None = None  # cache_size.check's condition, when known
+    inference_pool: tuple[str, str, str, str] | None = None  # inference_pool's condition, when asked for
 
 
 @dataclass(slots=True)
@@ -116,7 +117,8 @@ def _conditions(obs: Observation, ro: Rollout | None, phase: str) -> list[tuple[
             "Loading" if phase == "Loading" else "RollingOut",
             obs.cache_message if phase == "Loading" else "waiting for replicas to become ready",
         )
-    return [cache, *([obs.cache_size] if obs.cache_size else []), available, progressing]
+    optional = [c for c in (obs.inference_pool,) if c]
+    return [cache, *([obs.cache_size] if obs.cache_size else []), available, progressing, *optional]
 
 
 def merge_conditions(

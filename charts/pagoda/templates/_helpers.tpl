@@ -82,4 +82,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: ["keda.sh"]
   resources: ["scaledobjects"]
   verbs: ["get", "list", "create", "patch", "delete"]
+# routing.inferencePool: the Gateway API Inference Extension's pool (where its CRD is installed).
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 {{- end -}}
