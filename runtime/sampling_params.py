@@ -11,6 +11,14 @@ from pagoda.runtime.structured_outputs_params import StructuredOutputsParams
 SAMPLING_EPS = 1e-5
 
 
+class InvalidParam(ValueError):
+    """A request field the engine cannot take; `param` names it (the server's 400 names it too)."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
 class RequestOutputKind(enum.IntEnum):
     """What each RequestOutput of a request holds (vLLM's RequestOutputKind)."""
 
@@ -41,6 +49,12 @@ class SamplingParams:
     skip_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     structured_outputs: StructuredOutputsParams | None = None
+    # Token-level constraints, applied to the logits on the device (worker/token_constraints.py).
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, clamped to [-100, 100]
+    allowed_token_ids: list[int] | None = None  # only these may be sampled
+    bad_words: list[str] | None = None  # never generated (as vLLM bans them: see the processor)
+    # bad_words as token ids, filled by the InputProcessor from the tokenizer (vLLM's _bad_words_token_ids).
+    _bad_words_token_ids: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -52,6 +66,13 @@ class SamplingParams:
         self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
         if self.top_k == 0:
             self.top_k = -1
+        if self.logit_bias:
+            # vLLM clamps offline (OpenAI's range); the server refuses values outside it instead.
+            self.logit_bias = {int(t): min(100.0, max(-100.0, float(b))) for t, b in self.logit_bias.items()}
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = [int(t) for t in self.allowed_token_ids]
+        if self.bad_words is not None:
+            self.bad_words = [self.bad_words] if isinstance(self.bad_words, str) else list(self.bad_words)
         self._validate()
         if self.temperature < SAMPLING_EPS:
             # Greedy ignores the truncation knobs; resetting them keeps the sampler's fast path.
@@ -59,7 +80,7 @@ class SamplingParams:
 
     def _validate(self) -> None:
         def bad(name: str, allowed: str) -> ValueError:
-            return ValueError(f"{name} must be {allowed}, got {getattr(self, name)!r}")
+            return InvalidParam(f"{name} must be {allowed}, got {getattr(self, name)!r}", name)
 
         if not isinstance(self.n, int) or self.n < 1:
             raise bad("n", "an integer >= 1")
@@ -93,6 +114,12 @@ class SamplingParams:
             raise bad("stop", "a list of non-empty strings")
         if any(t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "a list of token ids >= 0")
+        if self.logit_bias and min(self.logit_bias) < 0:
+            raise bad("logit_bias", "keyed by token ids >= 0")
+        if self.allowed_token_ids is not None and (not self.allowed_token_ids or min(self.allowed_token_ids) < 0):
+            raise bad("allowed_token_ids", "None or a non-empty list of token ids >= 0")
+        if self.bad_words is not None and any(not isinstance(w, str) or not w.strip() for w in self.bad_words):
+            raise bad("bad_words", "a list of non-blank strings")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs,
                                                                   StructuredOutputsParams):
             raise bad("structured_outputs", "a StructuredOutputsParams or None")
@@ -103,12 +130,25 @@ class SamplingParams:
 
     @property
     def needs_history(self) -> bool:
-        """Sampling reads the tokens generated so far (penalties), so it cannot run ahead of them."""
+        """Sampling reads the tokens generated so far (penalties, a bad word of several tokens), so it
+        cannot run ahead of them."""
+        return self.has_penalties or (self._bad_words_token_ids is not None
+                                      and any(len(w) > 1 for w in self._bad_words_token_ids))
+
+    @property
+    def has_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def constrains_tokens(self) -> bool:
+        """Whether the sampler must edit this row's logits (logit_bias, allowed_token_ids, bad_words)."""
+        return bool(self.logit_bias or self.allowed_token_ids or self._bad_words_token_ids)
 
     def clone(self, **changes) -> SamplingParams:
         values = {name: getattr(self, name) for name in self.__dataclass_fields__}
         values["stop"] = list(self.stop)
         values["stop_token_ids"] = list(self.stop_token_ids)
+        if self.bad_words is not None:
+            values["bad_words"] = list(self.bad_words)
         values.update(changes)
         return SamplingParams(**values)

@@ -15,7 +15,7 @@ from pagoda.runtime.frontend.pooling_processor import pooling_request
 from pagoda.runtime.frontend.structured_outputs import GrammarChecker
 from pagoda.runtime.model_config import ModelConfig
 from pagoda.runtime.pooling_params import PoolingParams
-from pagoda.runtime.sampling_params import SamplingParams
+from pagoda.runtime.sampling_params import InvalidParam, SamplingParams
 
 
 def child_ids(request_id: str, n: int) -> list[str]:
@@ -33,6 +33,7 @@ class InputProcessor:
             eos = model_config.eos_token_ids[0]
         self.eos_token_id = eos
         self.extra_eos_ids = [t for t in model_config.eos_token_ids if t != eos]
+        self.tokenizer = tokenizer
         self.grammars = GrammarChecker(tokenizer, model_config.vocab_size)
         self.disable_any_whitespace = disable_any_whitespace
         self.pooling = False  # the pooling runner: PoolingParams requests only (set by the engine's owner)
@@ -70,6 +71,7 @@ class InputProcessor:
             self.grammars.check(so)
             if self.disable_any_whitespace and not so.disable_any_whitespace and so.kind in ("json", "json_object"):
                 params = params.clone(structured_outputs=dataclasses.replace(so, disable_any_whitespace=True))
+        params = self._check_token_constraints(params)
         if self.extra_eos_ids and not params.ignore_eos:
             params = params.clone(stop_token_ids=params.stop_token_ids + self.extra_eos_ids)
         prompt = list(prompt_token_ids)
@@ -78,6 +80,34 @@ class InputProcessor:
                               parent_id=request_id, index=i)
             for i, child in enumerate(child_ids(request_id, params.n))
         ]
+
+    def _check_token_constraints(self, params: SamplingParams) -> SamplingParams:
+        vocab = self.vocab_size
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise InvalidParam(f"logit_bias holds token id {max(params.logit_bias)}, out of the vocabulary "
+                               f"(ids 0..{vocab - 1})", "logit_bias")
+        if params.allowed_token_ids and max(params.allowed_token_ids) >= vocab:
+            raise InvalidParam(f"allowed_token_ids holds token id {max(params.allowed_token_ids)}, out of the "
+                               f"vocabulary (ids 0..{vocab - 1})", "allowed_token_ids")
+        if params.bad_words and params._bad_words_token_ids is None:
+            ids = bad_words_token_ids(self.tokenizer, params.bad_words)
+            if any(t >= vocab for word in ids for t in word):
+                raise InvalidParam("bad_words tokenize to ids outside the model's vocabulary", "bad_words")
+            params = params.clone(_bad_words_token_ids=ids)
+        return params
+
+
+def bad_words_token_ids(tokenizer, words: list[str]) -> list[list[int]]:
+    """vLLM's SamplingParams.update_from_tokenizer: each word as it tokenizes alone, and with a leading
+    space when that spells it with a different first token in as many tokens (a word inside text)."""
+    out: list[list[int]] = []
+    for word in words:
+        bare = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        out.append(bare)
+        if spaced and spaced[0] != bare[0] and len(spaced) == len(bare):
+            out.append(spaced)
+    return out
 
 
 def _valid_token_ids(token_ids: list[int], vocab_size: int) -> bool:

@@ -30,10 +30,11 @@ from pagoda.runtime.core.scheduler import SchedulerOutput
 from pagoda.runtime.model_config import ModelConfig
 from pagoda.runtime.worker.attention_context import AttentionContext, attention_context
 from pagoda.runtime.worker.cuda_graphs import DecodeGraphs, capture_sizes, padded_size
+from pagoda.runtime.worker.host_to_device import index_on
 from pagoda.runtime.worker.input_batch import BatchBuilder, InputBuffers, StepBatch, batch_order
 from pagoda.runtime.worker.model_loader import TORCH_DTYPES, kv_cache_torch_dtype, load_model
 from pagoda.runtime.worker.pooler import Pooler
-from pagoda.runtime.worker.sampler import Sampler, gather_logprobs, index_on
+from pagoda.runtime.worker.sampler import Sampler, gather_logprobs
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,8 @@
 
 Order of operations: the grammar bitmask of structured-output rows (vLLM applies it before the
 sampler, so its logprobs see it too), raw logprobs (before any other processing, as vLLM reports
-them), min_tokens masking, penalties, then greedy argmax, or temperature, min-p, top-k, top-p and a draw by
+them), allowed_token_ids, bad_words and logit_bias (token_constraints.py), min_tokens masking,
+penalties, then greedy argmax, or temperature, min-p, top-k, top-p and a draw by
 pagoda.kernels.ops.sample (Triton on the GPU). A draw is counter-based: each row's uniforms come
 from its own seed and its output-token count, so its tokens never depend on what else shares the
 batch, and the batch's parameters are host-side facts, so nothing waits on the GPU until the
@@ -19,6 +20,8 @@ import torch
 from pagoda.kernels import ops
 from pagoda.runtime.core.outputs import TokenLogprobs
 from pagoda.runtime.core.request import Request
+from pagoda.runtime.worker.host_to_device import index_on
+from pagoda.runtime.worker.token_constraints import apply_token_constraints
 
 
 def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: list[int]) -> list[TokenLogprobs]:
@@ -39,17 +42,6 @@ def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: list[int
             tl.ranks.append(j + 1)
         out.append(tl)
     return out
-
-
-def index_on(device: torch.device, values: list) -> torch.Tensor:
-    """An int64 index tensor on `device` from host lists, without waiting for the GPU. A plain
-    `torch.tensor(values, device=cuda)` (or indexing a CUDA tensor with a list) is a blocking copy,
-    which waits for every step in flight; pinned memory, which the caching host allocator keeps
-    until the copy has run, lets it queue behind them instead."""
-    index = torch.tensor(values, dtype=torch.long)
-    if device.type == "cuda":
-        index = index.pin_memory().to(device, non_blocking=True)
-    return index
 
 
 def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -93,9 +85,12 @@ class Sampler:
         if logprob_rows:
             raw_logprobs = torch.log_softmax(logits[logprob_rows].float(), dim=-1)
         banned = self._stops_before_min_tokens(logits.shape[1], requests, pending)
-        penalized = any(p.needs_history for p in params)
-        if banned or penalized:
+        penalized = any(p.has_penalties for p in params)
+        constrained = [i for i, p in enumerate(params) if p.constrains_tokens]
+        if banned or penalized or constrained:
             logits = logits.float().clone()
+            if constrained:
+                apply_token_constraints(logits, requests, constrained)
             if banned:
                 self._ban(logits, banned)
             if penalized:

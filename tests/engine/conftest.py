@@ -58,7 +58,7 @@ class HFReference:
     def greedy(
         self, path: str, prompt: list[int], max_new_tokens: int = MAX_NEW_TOKENS, **kwargs
     ) -> list[int]:
-        key = (path, tuple(prompt), max_new_tokens, tuple(sorted(kwargs.items())))
+        key = (path, tuple(prompt), max_new_tokens, repr(sorted(kwargs.items())))  # kwargs may hold dicts
         if key not in self.cache:
             model = self.model(path)
             ids = torch.tensor([prompt])

@@ -25,15 +25,16 @@ class RequestLimits:
     max_logit_bias: int = 1024
     max_prompts: int = 1024  # prompts in one /v1/completions batch
 
-    def check_stop(self, stop: str | list[str] | None) -> None:
+    def check_stop(self, stop: str | list[str] | None, param: str = "stop") -> None:
+        """Stop strings, and bad_words under the same caps (each is tokenized and matched per step)."""
         stops = [stop] if isinstance(stop, str) else (stop or [])
         if len(stops) > self.max_stop_strings:
-            raise bad_request(f"stop holds {len(stops)} strings; this server takes at most "
-                              f"{self.max_stop_strings}", param="stop", code="too_many_stop_strings")
+            raise bad_request(f"{param} holds {len(stops)} strings; this server takes at most "
+                              f"{self.max_stop_strings}", param=param, code="too_many_stop_strings")
         for s in stops:
             if len(s) > self.max_stop_string_chars:
-                raise bad_request(f"a stop string is {len(s)} characters long; this server takes at most "
-                                  f"{self.max_stop_string_chars}", param="stop", code="stop_string_too_long")
+                raise bad_request(f"a {param} string is {len(s)} characters long; this server takes at most "
+                                  f"{self.max_stop_string_chars}", param=param, code="stop_string_too_long")
 
     def check_logit_bias(self, logit_bias: dict | None) -> None:
         if logit_bias and len(logit_bias) > self.max_logit_bias:
@@ -49,6 +50,7 @@ class RequestLimits:
     def check(self, req) -> None:
         """Every cap that applies to a completion or chat request."""
         self.check_stop(req.stop)
+        self.check_stop(req.bad_words, param="bad_words")
         self.check_logit_bias(req.logit_bias)
         if hasattr(req, "prompt"):
             self.check_prompts(req.prompt)

@@ -93,8 +93,9 @@ class OpenAIServing:
                         structured: StructuredOutputsParams | None = None) -> SamplingParams:
         """The request's SamplingParams. A stream reads DELTA outputs (each holds only the new
         text); an answer waits for the one FINAL_ONLY output."""
-        if req.logit_bias:
-            raise bad_request("logit_bias is not supported", param="logit_bias")
+        logit_bias = self.logit_bias(req.logit_bias)
+        if req.allowed_token_ids:
+            self.check_token_ids(req.allowed_token_ids, param="allowed_token_ids")
         if structured is None:
             structured = structured_outputs_of(req, self.client.processor.grammars)
         else:
@@ -131,9 +132,28 @@ class OpenAIServing:
                 skip_special_tokens=req.skip_special_tokens,
                 output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
                 structured_outputs=structured,
+                logit_bias=logit_bias,
+                allowed_token_ids=req.allowed_token_ids,
+                bad_words=req.bad_words or None,
             )
         except (ValueError, TypeError) as exc:
-            raise bad_request(str(exc)) from None
+            raise bad_request(str(exc), param=getattr(exc, "param", None)) from None
+
+    def logit_bias(self, logit_bias: dict[str, float] | None) -> dict[int, float] | None:
+        """OpenAI's logit_bias: token ids as strings, each bias in [-100, 100] (OpenAI refuses what
+        vLLM would clamp)."""
+        if not logit_bias:
+            return None
+        out = {}
+        for key, bias in logit_bias.items():
+            if not key.isascii() or not key.isdigit():
+                raise bad_request(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias")
+            if not -100.0 <= bias <= 100.0:
+                raise bad_request(f"logit_bias values must be in [-100, 100], got {bias} for token {key}",
+                                  param="logit_bias")
+            out[int(key)] = bias
+        self.check_token_ids(list(out), param="logit_bias")
+        return out
 
     async def submit(self, request_id: str, prompts: list[tuple[str | None, list[int]]],
                      params: SamplingParams) -> list[RequestStream]:
@@ -175,7 +195,7 @@ def engine_error(exc: BaseException) -> BaseException:
     if isinstance(exc, EngineDeadError):
         return APIError(503, f"The engine is not running: {exc}", code="engine_unavailable")
     if isinstance(exc, ValueError):
-        return bad_request(str(exc))
+        return bad_request(str(exc), param=getattr(exc, "param", None))
     return exc
 
 
