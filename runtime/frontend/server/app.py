@@ -1,4 +1,5 @@
-"""The FastAPI app: OpenAI's routes (/v1/embeddings with --runner pooling), plus /tokenize, /detokenize, /health, /version and /metrics.
+"""The FastAPI app: OpenAI's routes (/v1/embeddings with --runner pooling), plus /tokenize, /detokenize,
+/tokenizer_info, /health, /version and /metrics.
 
 `build_app(client, config)` wires an already-built engine client (tests hand in their own);
 `pagoda serve` builds the engine from flags first (server/cli.py).
@@ -18,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pagoda.runtime.frontend.engine_client import EngineClient
 from pagoda.runtime.frontend.server.api_keys import load_api_keys
 from pagoda.runtime.frontend.server.embedding_protocol import EmbeddingRequest, EmbeddingResponse
-from pagoda.runtime.frontend.server.errors import bad_request, error_body, install_error_handlers
+from pagoda.runtime.frontend.server.errors import APIError, bad_request, error_body, install_error_handlers
 from pagoda.runtime.frontend.server.guard import GuardMiddleware
 from pagoda.runtime.frontend.server.limits import RequestLimits
 from pagoda.runtime.frontend.server.metrics import ServerMetrics
@@ -41,6 +42,7 @@ from pagoda.runtime.frontend.server.serving import ClientDisconnected, ServerCon
 from pagoda.runtime.frontend.server.serving_chat import ServingChat, template_message
 from pagoda.runtime.frontend.server.serving_completion import ServingCompletion
 from pagoda.runtime.frontend.server.serving_embedding import ServingEmbedding, check_runner
+from pagoda.runtime.frontend.server.tokenizer_info import tokenizer_info
 from pagoda.runtime.frontend.server.unicode import UnicodeSafeRoute
 
 # Documented on every OpenAI route, so that the OpenAPI schema (and fuzzers reading it) know them.
@@ -132,14 +134,26 @@ def build_app(client: EngineClient, config: ServerConfig, metrics: ServerMetrics
     async def prometheus():
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    def model_card(name: str) -> ModelCard:
+        note = RANDOM_WEIGHTS_NOTE if config.random_weights else None
+        return ModelCard(id=name, created=started, root=config.model_path, max_model_len=client.max_model_len,
+                         random_weights=config.random_weights, description=note,
+                         owned_by="pagoda (random weights)" if config.random_weights else "pagoda")
+
     @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES)
     async def models():
-        note = RANDOM_WEIGHTS_NOTE if config.random_weights else None
-        return ModelList(data=[
-            ModelCard(id=name, created=started, root=config.model_path, max_model_len=client.max_model_len,
-                      random_weights=config.random_weights, description=note,
-                      owned_by="pagoda (random weights)" if config.random_weights else "pagoda")
-            for name in config.served_model_names])
+        return ModelList(data=[model_card(name) for name in config.served_model_names])
+
+    @app.get("/v1/models/{model:path}", response_model=ModelCard, responses=ERROR_RESPONSES)
+    async def retrieve_model(model: str):
+        if model not in config.served_model_names:
+            raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+        return model_card(model)
+
+    if config.enable_tokenizer_info_endpoint:
+        @app.get("/tokenizer_info", responses=ERROR_RESPONSES)
+        async def get_tokenizer_info():
+            return JSONResponse(tokenizer_info(client.tokenizer, config.chat_template))
 
     @app.post("/v1/completions", responses={200: {"model": CompletionResponse, "content": SSE}, **ERROR_RESPONSES})
     async def create_completion(req: CompletionRequest, raw: Request):

@@ -41,6 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                              "(Llama 3.x), mistral")
     server.add_argument("--reasoning-parser", default=None, choices=["deepseek_r1", "qwen3"],
                         help="put the <think>...</think> part of answers in reasoning_content")
+    server.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                        help="serve GET /tokenizer_info: the tokenizer's config, special tokens and chat template")
     server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"],
                         help="log level for pagoda and uvicorn (default: info)")
     server.add_argument("--shutdown-timeout", type=float, default=None, metavar="SECONDS",
@@ -119,6 +121,7 @@ def build_server(args):
         enable_auto_tool_choice=getattr(args, "enable_auto_tool_choice", False),
         tool_call_parser=getattr(args, "tool_call_parser", None),
         reasoning_parser=getattr(args, "reasoning_parser", None),
+        enable_tokenizer_info_endpoint=getattr(args, "enable_tokenizer_info_endpoint", False),
     )
     return build_app(client, config, limits=limits.from_args(args))
 

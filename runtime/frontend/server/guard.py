@@ -17,7 +17,7 @@ from pagoda.runtime.frontend.server.api_keys import bearer_token, key_matches
 from pagoda.runtime.frontend.server.errors import APIError, error_body
 
 # /health, /metrics and /version stay open for probes and scrapers.
-PROTECTED_EXACT = ("/tokenize", "/detokenize")
+PROTECTED_EXACT = ("/tokenize", "/detokenize", "/tokenizer_info")
 
 
 def is_protected(path: str) -> bool:

@@ -21,19 +21,21 @@ class ChoiceState:
     done: bool = False
 
 
-def token_text(tokenizer, token_id: int, logprob) -> str:
+def token_text(tokenizer, token_id: int, logprob, as_token_id: bool = False) -> str:
+    if as_token_id:  # vLLM's return_tokens_as_token_ids: tokens that are not valid UTF-8 stay tellable apart
+        return f"token_id:{token_id}"
     decoded = getattr(logprob, "decoded_token", None) if logprob is not None else None
     return decoded if decoded is not None else tokenizer.decode([token_id])
 
 
-def completion_logprobs(tokenizer, token_ids, logprobs, num_top: int, text_offset: int = 0
-                        ) -> CompletionLogprobs:
+def completion_logprobs(tokenizer, token_ids, logprobs, num_top: int, text_offset: int = 0,
+                        as_token_ids: bool = False) -> CompletionLogprobs:
     """/v1/completions logprobs: parallel lists of tokens, their logprobs, top alternatives and
     character offsets. A None entry (the first prompt token under echo) has no logprob."""
     out = CompletionLogprobs()
     for tid, entry in zip(token_ids, logprobs):
         chosen = entry.get(tid) if entry else None
-        tok = token_text(tokenizer, tid, chosen)
+        tok = token_text(tokenizer, tid, chosen, as_token_ids)
         out.tokens.append(tok)
         out.text_offset.append(text_offset)
         text_offset += len(tok)
@@ -49,30 +51,30 @@ def completion_logprobs(tokenizer, token_ids, logprobs, num_top: int, text_offse
         # share a key, and the more likely one keeps it.
         alternatives: dict[str, float] = {}
         for t, lp in top:
-            alternatives.setdefault(token_text(tokenizer, t, lp), _finite(lp.logprob))
+            alternatives.setdefault(token_text(tokenizer, t, lp, as_token_ids), _finite(lp.logprob))
         out.top_logprobs.append(alternatives)
     return out
 
 
-def chat_logprobs(tokenizer, token_ids, logprobs, num_top: int) -> list[TokenLogprob]:
+def chat_logprobs(tokenizer, token_ids, logprobs, num_top: int, as_token_ids: bool = False) -> list[TokenLogprob]:
     """/v1/chat/completions logprobs.content: one entry per token with its top alternatives."""
     content = []
     for tid, entry in zip(token_ids, logprobs):
         entry = entry or {}
         chosen = entry.get(tid)
-        tok = token_text(tokenizer, tid, chosen)
+        tok = token_text(tokenizer, tid, chosen, as_token_ids)
         top = sorted(entry.items(), key=lambda kv: _rank(kv[1]))[:num_top] if num_top else []
         content.append(TokenLogprob(
             token=tok,
             logprob=_finite(chosen.logprob) if chosen is not None else -9999.0,
             bytes=list(tok.encode("utf-8")),
-            top_logprobs=[_top(tokenizer, t, lp) for t, lp in top],
+            top_logprobs=[_top(tokenizer, t, lp, as_token_ids) for t, lp in top],
         ))
     return content
 
 
-def _top(tokenizer, token_id: int, lp) -> TopLogprob:
-    tok = token_text(tokenizer, token_id, lp)
+def _top(tokenizer, token_id: int, lp, as_token_id: bool) -> TopLogprob:
+    tok = token_text(tokenizer, token_id, lp, as_token_id)
     return TopLogprob(token=tok, logprob=_finite(lp.logprob), bytes=list(tok.encode("utf-8")))
 
 

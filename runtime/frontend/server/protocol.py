@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from pagoda.runtime.frontend.server import unsupported
 from pagoda.runtime.frontend.server.unicode import Text, check_unicode
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -34,7 +35,8 @@ def random_id(prefix: str) -> str:
 
 
 class _Request(BaseModel):
-    # Unknown fields are ignored (as OpenAI and vLLM do), so newer clients keep working.
+    # Nested objects ignore unknown fields: clients send back messages with fields of a response
+    # (refusal, annotations). A request itself refuses them (SamplingFields, server/unsupported.py).
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
@@ -78,7 +80,11 @@ LEGACY_GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_
 
 
 class SamplingFields(_Request):
-    """Fields that both endpoints share: OpenAI's, then vLLM's extras."""
+    """Fields that both endpoints share: OpenAI's, then vLLM's extras. Any other field is a 400
+    (server/unsupported.py), so the schema allows no others."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    NO_OPS: ClassVar[dict[str, tuple]] = {}
 
     model: Text | None = None
     n: int = Field(1, ge=1, le=MAX_N)
@@ -103,6 +109,11 @@ class SamplingFields(_Request):
     bad_words: list[StopString] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    # -1: max_model_len (vLLM's); the kept tokens are the last ones unless truncation_side is "right".
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, le=INT64_MAX)
+    truncation_side: Literal["left", "right"] | None = None
+    return_tokens_as_token_ids: bool | None = None  # logprob tokens as "token_id:N"
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsRequest | None = None
     guided_json: Any = None
@@ -111,6 +122,11 @@ class SamplingFields(_Request):
     guided_grammar: Any = None
     guided_decoding_backend: Any = None
     guided_whitespace_pattern: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unimplemented_fields(cls, data):
+        return unsupported.refuse_unimplemented(cls, data, cls.NO_OPS)
 
     def _max_tokens(self) -> int | None:
         return getattr(self, "max_tokens", None)
@@ -134,12 +150,17 @@ class SamplingFields(_Request):
 
 class CompletionRequest(SamplingFields):
     prompt: Text | list[Text] | list[TokenId] | list[list[TokenId]]
-    max_tokens: int | None = Field(16, ge=1, le=INT32_MAX)
+    max_tokens: int | None = Field(16, ge=0, le=INT32_MAX, description="0 only with echo: prompt scoring.")
     echo: bool | None = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     best_of: int | None = Field(None, ge=1, le=MAX_N)
     suffix: Text | None = None
-    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    NO_OPS: ClassVar[dict[str, tuple]] = unsupported.COMPLETION_NO_OPS
+
+    @property
+    def scores_prompt(self) -> bool:
+        """echo with max_tokens 0: the prompt and its logprobs, no completion (OpenAI's legacy scoring)."""
+        return bool(self.echo) and self.max_tokens == 0
 
 
 class TextContentPart(_Request):
@@ -207,6 +228,7 @@ class ChatCompletionRequest(SamplingFields):
     # vLLM's chat extras.
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    NO_OPS: ClassVar[dict[str, tuple]] = unsupported.CHAT_NO_OPS
 
     def _max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -228,12 +250,24 @@ class CompletionLogprobs(BaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's Logprob, as vLLM returns prompt_logprobs: one dict per prompt token, keyed by token id."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -289,6 +323,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: UsageInfo
     system_fingerprint: str | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # vLLM's
 
 
 class DeltaMessage(BaseModel):

@@ -14,6 +14,7 @@ from pagoda.runtime.frontend.engine_client import EngineClient, EngineDeadError,
 from pagoda.runtime.frontend.server.errors import APIError, bad_request, error_body
 from pagoda.runtime.frontend.server.protocol import SamplingFields
 from pagoda.runtime.frontend.server.renderer import PromptRenderer
+from pagoda.runtime.frontend.server.request_options import parse_logit_bias, truncate_prompt
 from pagoda.runtime.frontend.server.structured import (
     check_grammar,
     reject_legacy_fields,
@@ -36,6 +37,7 @@ class ServerConfig:
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None  # hermes, llama3_json, mistral
     reasoning_parser: str | None = None  # deepseek_r1, qwen3
+    enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info (off by default, as in vLLM)
 
 
 class OpenAIServing:
@@ -85,6 +87,9 @@ class OpenAIServing:
                 param="max_tokens", code="context_length_exceeded")
         return max_tokens
 
+    def truncate(self, req: SamplingFields, ids: list[int]) -> list[int]:
+        return truncate_prompt(ids, req.truncate_prompt_tokens, req.truncation_side, self.max_model_len)
+
     def check_grammar(self, params: StructuredOutputsParams, field: str) -> None:
         check_grammar(self.client.processor.grammars, params, field)
 
@@ -93,7 +98,11 @@ class OpenAIServing:
                         structured: StructuredOutputsParams | None = None) -> SamplingParams:
         """The request's SamplingParams. A stream reads DELTA outputs (each holds only the new
         text); an answer waits for the one FINAL_ONLY output."""
-        logit_bias = self.logit_bias(req.logit_bias)
+        if req.prompt_logprobs is not None and stream:
+            raise bad_request("prompt_logprobs are not available when stream is true", param="prompt_logprobs")
+        logit_bias = parse_logit_bias(req.logit_bias)
+        if logit_bias:
+            self.check_token_ids(list(logit_bias), param="logit_bias")
         if req.allowed_token_ids:
             self.check_token_ids(req.allowed_token_ids, param="allowed_token_ids")
         if structured is None:
@@ -138,22 +147,6 @@ class OpenAIServing:
             )
         except (ValueError, TypeError) as exc:
             raise bad_request(str(exc), param=getattr(exc, "param", None)) from None
-
-    def logit_bias(self, logit_bias: dict[str, float] | None) -> dict[int, float] | None:
-        """OpenAI's logit_bias: token ids as strings, each bias in [-100, 100] (OpenAI refuses what
-        vLLM would clamp)."""
-        if not logit_bias:
-            return None
-        out = {}
-        for key, bias in logit_bias.items():
-            if not key.isascii() or not key.isdigit():
-                raise bad_request(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias")
-            if not -100.0 <= bias <= 100.0:
-                raise bad_request(f"logit_bias values must be in [-100, 100], got {bias} for token {key}",
-                                  param="logit_bias")
-            out[int(key)] = bias
-        self.check_token_ids(list(out), param="logit_bias")
-        return out
 
     async def submit(self, request_id: str, prompts: list[tuple[str | None, list[int]]],
                      params: SamplingParams) -> list[RequestStream]:

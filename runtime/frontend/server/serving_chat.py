@@ -23,9 +23,9 @@ from pagoda.runtime.frontend.server.protocol import (
     ChatStreamChoice,
     ChoiceLogprobs,
     DeltaMessage,
-    UsageInfo,
     random_id,
 )
+from pagoda.runtime.frontend.server.request_options import prompt_logprobs_json, usage
 from pagoda.runtime.frontend.server.serving import OpenAIServing, SSEResponse, sse, sse_error, sse_json
 from pagoda.runtime.frontend.server.tool_choice import forced_grammar, resolve_tool_choice
 from pagoda.runtime.frontend.tool_parsers import get_tool_parser
@@ -43,6 +43,9 @@ class ServingChat(OpenAIServing):
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         prompt, ids = await self.renderer.encode_chat([template_message(m) for m in req.messages],
                                                       req.add_generation_prompt, req.continue_final_message, tools)
+        kept = self.truncate(req, ids)
+        if len(kept) != len(ids):
+            prompt, ids = None, kept
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = self.resolve_max_tokens(len(ids), requested, what="messages")
         num_top = req.top_logprobs or 0
@@ -51,8 +54,8 @@ class ServingChat(OpenAIServing):
         forced = forced_grammar(req, choice) if choice else None
         if forced is not None:
             self.check_grammar(forced, "tools")
-        params = self.sampling_params(req, max_tokens, num_top if req.logprobs else None, stream=bool(req.stream),
-                                      structured=forced)
+        params = self.sampling_params(req, max_tokens, num_top if req.logprobs else None, req.prompt_logprobs,
+                                      stream=bool(req.stream), structured=forced)
         # A grammar writes the whole answer, with no thinking in front of it: no reasoning to split off.
         reasoning = self.reasoning_parser if params.structured_outputs is None else None
         parser = MessageParser(reasoning, self.tool_parser if choice == "auto" else None,
@@ -62,7 +65,7 @@ class ServingChat(OpenAIServing):
         request_id = random_id("chatcmpl")
         streams = await self.submit(request_id, [(prompt, ids)], params)
         if req.stream:
-            return SSEResponse(self._stream(request_id, model, req, streams[0], parser), streams)
+            return SSEResponse(self._stream(request_id, model, req, streams[0], parser, ids), streams)
         (out,) = await self.wait_all(raw, streams)
         return self._response(request_id, model, req, out, parser)
 
@@ -70,7 +73,7 @@ class ServingChat(OpenAIServing):
         if not req.logprobs:
             return None
         return ChoiceLogprobs(content=chat_logprobs(self.tokenizer, token_ids, logprobs or [],
-                                                    req.top_logprobs or 0))
+                                                    req.top_logprobs or 0, bool(req.return_tokens_as_token_ids)))
 
     def _message(self, text: str, parser: MessageParser) -> AssistantMessage:
         if not parser.active:
@@ -96,26 +99,28 @@ class ServingChat(OpenAIServing):
                                       finish_reason=self._finish_reason(c.finish_reason, parser,
                                                                         bool(message.tool_calls)),
                                       stop_reason=c.stop_reason))
-        prompt_tokens = len(out.prompt_token_ids)
-        usage = UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                          total_tokens=prompt_tokens + completion_tokens)
-        return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
+        return ChatCompletionResponse(id=request_id, model=model, choices=choices,
+                                      usage=usage(len(out.prompt_token_ids), completion_tokens),
+                                      prompt_logprobs=prompt_logprobs_json(out.prompt_logprobs))
 
-    async def _stream(self, request_id, model, req, stream, parser: MessageParser):
+    async def _stream(self, request_id, model, req, stream, parser: MessageParser, stream_prompt_ids: list[int]):
         """Each DELTA output holds only what is new; the frontend already held back what could
         still turn out to start a stop string."""
         created = int(time.time())
         states = [ChoiceState() for _ in range(req.n)]
         differs = [StreamDiffer(parser) for _ in range(req.n)] if parser.active else None
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        # vLLM's continuous_usage_stats: the usage so far on every chunk (with include_usage).
+        continuous = include_usage and bool(req.stream_options.continuous_usage_stats)
+        num_prompt = len(stream_prompt_ids)
 
-        def chunk(choices, usage=None) -> str:
+        def chunk(choices, total=None) -> str:
             return sse(ChatCompletionChunk(id=request_id, created=created, model=model, choices=choices,
-                                           usage=usage))
+                                           usage=total))
 
         # OpenAI's first chunk of each choice carries the role and no text.
         yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
-                     for i in range(req.n)])
+                     for i in range(req.n)], usage(num_prompt, 0) if continuous else None)
         out = None
         try:
             async for out in stream:
@@ -143,13 +148,11 @@ class ServingChat(OpenAIServing):
                                     "finish_reason": finish_reason, "stop_reason": c.stop_reason})
                 if choices:
                     # ChatCompletionChunk's JSON, built from dicts (see sse_json).
+                    so_far = usage(num_prompt, sum(st.num_tokens for st in states)).model_dump() if continuous else None
                     yield sse_json({"id": request_id, "object": "chat.completion.chunk", "created": created,
-                                    "model": model, "choices": choices, "usage": None})
+                                    "model": model, "choices": choices, "usage": so_far})
             if include_usage and out is not None:
-                prompt_tokens = len(out.prompt_token_ids)
-                completion_tokens = sum(state.num_tokens for state in states)
-                yield chunk([], UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                                          total_tokens=prompt_tokens + completion_tokens))
+                yield chunk([], usage(num_prompt, sum(state.num_tokens for state in states)))
         except (EngineDeadError, ValueError) as exc:
             yield sse_error(exc)
         yield "data: [DONE]\n\n"
