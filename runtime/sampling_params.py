@@ -55,6 +55,9 @@ class SamplingParams:
     bad_words: list[str] | None = None  # never generated (as vLLM bans them: see the processor)
     # bad_words as token ids, filled by the InputProcessor from the tokenizer (vLLM's _bad_words_token_ids).
     _bad_words_token_ids: list[list[int]] | None = None
+    # Whether the sampler must edit this row's logits for the three above: a field, not a property,
+    # since the sampler reads it for every row of every step.
+    constrains_tokens: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -74,6 +77,7 @@ class SamplingParams:
         if self.bad_words is not None:
             self.bad_words = [self.bad_words] if isinstance(self.bad_words, str) else list(self.bad_words)
         self._validate()
+        self.constrains_tokens = bool(self.logit_bias or self.allowed_token_ids or self._bad_words_token_ids)
         if self.temperature < SAMPLING_EPS:
             # Greedy ignores the truncation knobs; resetting them keeps the sampler's fast path.
             self.top_p, self.top_k, self.min_p = 1.0, -1, 0.0
@@ -139,13 +143,9 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
-    @property
-    def constrains_tokens(self) -> bool:
-        """Whether the sampler must edit this row's logits (logit_bias, allowed_token_ids, bad_words)."""
-        return bool(self.logit_bias or self.allowed_token_ids or self._bad_words_token_ids)
 
     def clone(self, **changes) -> SamplingParams:
-        values = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        values = {name: getattr(self, name) for name, f in self.__dataclass_fields__.items() if f.init}
         values["stop"] = list(self.stop)
         values["stop_token_ids"] = list(self.stop_token_ids)
         if self.bad_words is not None:
