@@ -79,8 +79,9 @@ def refuse_unimplemented(model, data, no_ops: dict[str, tuple]):
     for key in extra:
         harmless = no_ops.get(key, NOT_IMPLEMENTED.get(key))
         if harmless is None:
-            raise PydanticCustomError("unknown_field", "{param} is not a field of this request",
-                                      {"param": str(key)})
+            # The name may itself be invalid Unicode (lone surrogates): escape it, or the 400 cannot be encoded.
+            name = str(key).encode("utf-8", "backslashreplace").decode()
+            raise PydanticCustomError("unknown_field", "{param} is not a field of this request", {"param": name})
         if data[key] is None or any(_same(data[key], v) for v in harmless):
             del data[key]
             continue
