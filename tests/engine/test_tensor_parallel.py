@@ -150,6 +150,9 @@ class RecordingSlice:
     def get_shape(self):
         return self.inner.get_shape()
 
+    def get_dtype(self):
+        return self.inner.get_dtype()
+
     def __getitem__(self, index):
         tensor = self.inner[index]
         self.reads[self.name] = self.reads.get(self.name, 0) + tensor.numel()

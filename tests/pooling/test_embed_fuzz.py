@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.generation.modes import GenerationMode
 
-from tests.server.live import LiveServer
+from server.live import LiveServer
 
 
 def test_no_server_errors_on_embeddings(st_mean):

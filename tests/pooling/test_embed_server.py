@@ -10,7 +10,7 @@ import openai
 import pytest
 import torch
 
-from tests.server.live import MODEL, LiveServer
+from server.live import MODEL, LiveServer
 
 from .conftest import build_bare_model, make_inputs
 
