@@ -8,7 +8,6 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.generation.modes import GenerationMode
-
 from server.live import LiveServer
 
 

@@ -9,7 +9,6 @@ import numpy as np
 import openai
 import pytest
 import torch
-
 from server.live import MODEL, LiveServer
 
 from .conftest import build_bare_model, make_inputs
