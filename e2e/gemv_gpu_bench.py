@@ -80,34 +80,39 @@ class Bench:
         return dict(ms=round(ms, 5), tb_per_s=round(nbytes / (ms * 1e-3) / 1e12, 3))
 
 
-def tile_candidates(m: int, n: int, k: int, num_sms: int, smoke: bool):
-    """BLOCK_N x BLOCK_K x warps that load 32..256 bytes of W per thread and step (fewer starve
-    HBM, more cost occupancy) with m accumulators of at most 64 fp32 values per thread, and give
-    every SM a row block (split-K is tried later, on the best tile only)."""
-    from pagoda.kernels.gemv import GemvConfig
+def tile_candidates(m: int, n: int, k: int, num_sms: int, smoke: bool, weight_bytes: int = 2):
+    """BLOCK_N x BLOCK_K x warps that load at least 32 bytes of W per thread and step (fewer starve
+    HBM) and widen at most 128 weights per thread to fp32 (more cost occupancy), with m
+    accumulators of at most 64 fp32 values per thread, folding one 16-byte load, and give every SM
+    a row block (split-K is tried later, on the best tile only)."""
+    from pagoda.kernels.gemv import VECTOR_BYTES, GemvConfig
 
+    fold = VECTOR_BYTES // weight_bytes
     if smoke:  # blocks small enough that the tiny shapes take several K chunks and a split
-        return [GemvConfig(16, 32, 1, 4, 1), GemvConfig(8, 64, 1, 4, 1, fold=1)]
+        return [GemvConfig(16, 32, 1, 4, 1, fold=fold), GemvConfig(8, 64, 1, 4, 1, fold=1)]
     tiles = []
-    for bn, bk, warps in itertools.product((8, 16, 32, 64), (128, 256, 512, 1024), (4, 8)):
+    block_ks = (128, 256, 512, 1024, 2048)[: 5 if weight_bytes == 1 else 4]  # 2 KB rows at most
+    for bn, bk, warps in itertools.product((8, 16, 32, 64), block_ks, (4, 8)):
         threads = warps * 32
-        load_bytes, acc = bn * bk * 2 // threads, m * bn * bk // (8 * threads)
+        weights, acc = bn * bk // threads, m * bn * bk // (fold * threads)
         fits_k = bk <= max(16, 1 << (k - 1).bit_length())
-        if 32 <= load_bytes <= 256 and acc <= 64 and fits_k and -(-n // bn) >= num_sms:
-            tiles.append(GemvConfig(bn, bk, 1, warps, 1))
+        if 32 <= weights * weight_bytes and weights <= 128 and acc <= 64 and fits_k and -(-n // bn) >= num_sms:
+            tiles.append(GemvConfig(bn, bk, 1, warps, 1, fold=fold))
     return tiles
 
 
-def sweep(bench: Bench, m, n, k, x, weights, default_cfg) -> list[dict]:
+def sweep(bench: Bench, m, n, k, x, weights, default_cfg, call=None, weight_bytes: int = 2) -> list[dict]:
+    """The launch knobs around default_cfg; call(w, cfg) runs one (the bf16 GEMV by default)."""
     from pagoda.kernels.gemv import gemv
 
+    call = call or (lambda w, cfg: gemv(x, w, config=cfg))
     points: dict = {}
 
     def measure(cfg):
         if cfg in points:
             return
         try:
-            p = bench.timed(lambda w: gemv(x, w, config=cfg), weights, n * k * 2, bench.rep)
+            p = bench.timed(lambda w: call(w, cfg), weights, n * k * weight_bytes, bench.rep)
         except Exception as exc:  # e.g. out of registers or shared memory for this tile
             print(f"    {cfg}: skipped ({type(exc).__name__}: {str(exc)[:80]})")
             return
@@ -117,10 +122,10 @@ def sweep(bench: Bench, m, n, k, x, weights, default_cfg) -> list[dict]:
         return min(points, key=lambda c: points[c]["ms"])
 
     measure(default_cfg)
-    for cfg in tile_candidates(m, n, k, bench.num_sms, bench.smoke):
+    for cfg in tile_candidates(m, n, k, bench.num_sms, bench.smoke, weight_bytes):
         measure(cfg)
     top = best()
-    for stages in (2, 3, 4)[: 1 if bench.smoke else 3]:
+    for stages in (2, 3, 4)[: 0 if weight_bytes == 1 else 1 if bench.smoke else 3]:  # moot for bf16: FP8 skips
         measure(dataclasses.replace(top, num_stages=stages))
     if m * top.block_n * top.block_k <= 128 * 32 * top.num_warps:  # the unfolded product fits
         measure(dataclasses.replace(top, fold=1))
@@ -226,21 +231,33 @@ def metadata(smoke: bool) -> dict:
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def begin(args) -> tuple[Bench, dict] | None:
+    """The interpreter for --smoke (set before any kernel is decorated), the seed, the metadata;
+    None without a GPU."""
     if args.smoke:
-        os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated
+        os.environ["TRITON_INTERPRET"] = "1"
     import torch
 
     if not args.smoke and not torch.cuda.is_available():
-        print("gemv_gpu_bench.py needs a CUDA GPU (or --smoke)", file=sys.stderr)
-        return 2
-    from pagoda.kernels.gemv import GemvConfig
-
+        print(f"{Path(sys.argv[0]).name} needs a CUDA GPU (or --smoke)", file=sys.stderr)
+        return None
     torch.manual_seed(0)
     bench = Bench(args)
     meta = metadata(args.smoke)
     print(f"{meta['gpu']}  torch {meta['torch']}  triton {meta['triton']}  SMs {bench.num_sms}")
+    return bench, meta
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    started = begin(args)
+    if started is None:
+        return 2
+    bench, meta = started
+    import torch
+
+    from pagoda.kernels.gemv import GemvConfig
+
     shapes = SMOKE_SHAPES if args.smoke else SHAPES
     start = time.perf_counter()
     rows, silu, saving = [], [], {}

@@ -4,6 +4,9 @@
 # from one machine), and optionally vLLM 0.26 with the same flags.
 #
 #   bash e2e/run_fp8.sh OUT_DIR [STAGE...]        STAGEs (default: correctness w2 w1), in the order given:
+#     gemv         e2e/gemv_fp8_gpu_bench.py: the FP8-weight GEMV (decode's 1..4 rows) against quantize +
+#                  torch._scaled_mm and the bf16 path on the 8B projections, TB/s of 4.25, checked against
+#                  gemv_ref, its launch swept at one row, ~2.5 min                -> gemv-fp8-pagoda-*.json
 #     correctness  e2e/gpu_fp8.py: the FP8 GEMM (torch._scaled_mm, row-wise scales) against its fp32
 #                  arithmetic at the 8B shapes, and FP8 / FP8+FP8-KV logits against bf16 and
 #                  transformers bf16 (teacher forced), ~1.5 min      -> gpu-fp8-correctness-COMMIT.json
@@ -15,7 +18,12 @@
 #     vllm         vLLM with the same flags (W2 fp8, W1 fp8 + fp8 KV), this call's Pagoda FP8 runs as the
 #                  peers; installs vLLM from $VLLM_PARTS first (as run_w5.sh), ~4 min
 #                                        -> W2-vllm-fp8-*.json, W1-vllm-fp8-kvfp8-*.json
-# At most 7 JSON files land in OUT_DIR (the bench PNGs are removed: a device call brings back 8 files).
+#                  VLLM=1 appends this stage when the list lacks it, so Pagoda's and vLLM's FP8 runs
+#                  (and their ratios) come from one call; the vLLM parts must be on the machine first
+#                  (../shared/tools/vllm-peer/README.md: one call per part of .vllm/).
+# W2's FP8 run decodes through the FP8 GEMV (1 row); `--no-enable-gemv` would put it back on _scaled_mm.
+# At most 8 JSON files land in OUT_DIR, all stages run (the bench PNGs are removed: a device call
+# brings back 8 files).
 # Needs e2e/gpu_env.sh's set-up (the carried .whl/) and PAGODA_COMMIT (the copy there has no .git).
 # SMOKE=1: every Pagoda stage on the tiny model on the CPU (checks the script, no figures).
 set -uo pipefail
@@ -24,6 +32,7 @@ OUT=${1:?OUT_DIR}
 shift || true
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(correctness w2 w1)
+if [ "${VLLM:-0}" = 1 ] && [[ " ${STAGES[*]} " != *" vllm "* ]]; then STAGES+=(vllm); fi
 PY=${PYTHON:-python3}
 PAGODA=("$PY" -m pagoda.runtime.cli)
 mkdir -p "$OUT"
@@ -48,6 +57,12 @@ stage_correctness() {
     local smoke=()
     [ "${SMOKE:-0}" = 1 ] && smoke=(--smoke)
     timeout 300 "$PY" e2e/gpu_fp8.py "${smoke[@]}" --out "$OUT/gpu-fp8-correctness-${PAGODA_COMMIT:-local}.json"
+}
+
+stage_gemv() {
+    local smoke=()
+    [ "${SMOKE:-0}" = 1 ] && smoke=(--smoke)
+    timeout 300 "$PY" e2e/gemv_fp8_gpu_bench.py "${smoke[@]}" --out "$OUT"
 }
 
 stage_w2() {

@@ -1,5 +1,11 @@
 """Triton GEMV for decode's few rows: y[M, N] = x[M, K] @ W[N, K]^T (+ bias), M <= 4.
 
+W is bf16/fp16/fp32, or FP8 (e4m3) with a float32 weight_scale per output row or per tensor:
+y = (x @ q^T) * scale. That is weight-only FP8: x stays in its dtype, each weight is widened to
+fp32 in registers, and the scale multiplies each output once, after the sum over K. At a few rows
+the activation quantization + torch._scaled_mm path is two launches and a GEMM tile mostly idle,
+while this reads half the bytes of a bf16 GEMV with the same loop.
+
 At batch 1 a linear layer is a weight stream: every byte of W is read once and used M times.
 cuBLAS's small-M tiles leave bandwidth idle on the 8B model's qkv and o_proj (3.1 of 4.25 TB/s),
 so here each program owns BLOCK_N rows of W and streams them over K in BLOCK_K chunks, for all M
@@ -30,6 +36,8 @@ MAX_ROWS = 4  # each row of x keeps its own accumulators in registers
 # Bytes of W each thread loads per loop step (8 16-byte loads): with the registers that leaves,
 # enough programs fit on an SM to keep the ~30 KB per SM in flight that HBM3e needs.
 LOAD_BYTES_PER_THREAD = 128
+VECTOR_BYTES = 16  # one thread's widest load: 8 bf16 or 16 fp8 weights
+FP8_DTYPES = (torch.float8_e4m3fn,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,12 +81,25 @@ def _is_hopper(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) == (9, 0)
 
 
+# FP8 launches measured on the H200 (e2e/gemv_fp8_gpu_bench.py prints these entries), keyed as
+# above. At 1..4 rows the FP8 GEMV always replaces quantize + torch._scaled_mm (fp8_linear.py);
+# this table only picks its launch, and shapes not in it take gemv_config's heuristic.
+FP8_MEASURED: dict[tuple[int, int, int, str | None], GemvConfig] = {}
+
+
+def fp8_launch(rows: int, n: int, k: int, act: str | None, device: torch.device) -> GemvConfig:
+    """The FP8 GEMV's launch for a shape: the measured one, else the heuristic."""
+    return FP8_MEASURED.get((rows, n, k, act)) or gemv_config(rows, n, k, _num_sms(device), weight_bytes=1)
+
+
 @functools.lru_cache(maxsize=256)
-def gemv_config(m: int, n: int, k: int, num_sms: int = 132) -> GemvConfig:
-    """Default launch knobs for y[m, n] = x[m, k] @ W[n, k]^T (2-byte weights), a heuristic; the
-    runtime passes the measured launch of FASTER_THAN_CUBLAS instead."""
+def gemv_config(m: int, n: int, k: int, num_sms: int = 132, weight_bytes: int = 2) -> GemvConfig:
+    """Default launch knobs for y[m, n] = x[m, k] @ W[n, k]^T with W of weight_bytes per element, a
+    heuristic; the runtime passes the measured launch of FASTER_THAN_CUBLAS instead."""
     num_warps = 4
     block_k = min(1024, max(16, triton.next_power_of_2(k)))  # long contiguous reads per row
+    # The tile is counted in weights, not bytes: every weight becomes an fp32 register once
+    # widened, so an FP8 tile of a bf16 tile's bytes would double the registers and cost occupancy.
     tile = LOAD_BYTES_PER_THREAD * 32 * num_warps // 2  # weights per program and step
     block_n = max(1, min(64, tile // block_k, triton.next_power_of_2(n)))
     # Fewer programs than twice the SMs leaves SMs idle or unbalanced: thinner row blocks first,
@@ -88,7 +109,7 @@ def gemv_config(m: int, n: int, k: int, num_sms: int = 132) -> GemvConfig:
     split_k = 1
     while triton.cdiv(n, block_n) * split_k < num_sms and k >= 2 * split_k * 4 * block_k:
         split_k *= 2
-    return GemvConfig(block_n, block_k, split_k, num_warps)
+    return GemvConfig(block_n, block_k, split_k, num_warps, fold=VECTOR_BYTES // weight_bytes)
 
 
 @triton.jit
@@ -112,12 +133,14 @@ def _input_chunk(x_ptr, m, stride_xm, offs_k, K, SILU_MUL: tl.constexpr, EVEN_K:
 
 
 @triton.jit
-def _store_row(out_ptr, acc, m, pid_k, rows, bias, N, stride_om,
-               M: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr):
+def _store_row(out_ptr, acc, m, pid_k, rows, scale, bias, N, stride_om,
+               M: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr):
     y = tl.sum(acc, axis=1)
-    if PARTIAL:  # fp32 partials [splits, M, N]; the reduce kernel adds the bias
+    if PARTIAL:  # fp32 partials [splits, M, N]; the reduce kernel scales and adds the bias
         tl.store(out_ptr + (pid_k * M + m) * N + rows, y, mask=rows < N)
     else:
+        if HAS_SCALE:
+            y *= scale
         if HAS_BIAS:
             y += bias
         tl.store(out_ptr + m * stride_om + rows, y.to(out_ptr.dtype.element_ty), mask=rows < N)
@@ -125,9 +148,10 @@ def _store_row(out_ptr, acc, m, pid_k, rows, bias, N, stride_om,
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr,
+    x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr,
     N, K, k_per_split, stride_xm, stride_wn, stride_om,
-    M: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, PARTIAL: tl.constexpr,
+    M: tl.constexpr, HAS_SCALE: tl.constexpr, SCALE_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SILU_MUL: tl.constexpr, PARTIAL: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -153,7 +177,7 @@ def _gemv_kernel(
         else:
             w = tl.load(w_rows + offs_k[None, :, :], mask=offs_k[None, :, :] < K, other=0.0,
                         eviction_policy="evict_first")
-        w = w.to(tl.float32)
+        w = w.to(tl.float32)  # FP8 too: e4m3 widens exactly, the scale waits for the store
         acc0 += tl.sum(w * _input_chunk(x_ptr, 0, stride_xm, offs_k, K, SILU_MUL, EVEN_K), axis=2)
         if M > 1:
             acc1 += tl.sum(w * _input_chunk(x_ptr, 1, stride_xm, offs_k, K, SILU_MUL, EVEN_K), axis=2)
@@ -162,23 +186,36 @@ def _gemv_kernel(
         if M > 3:
             acc3 += tl.sum(w * _input_chunk(x_ptr, 3, stride_xm, offs_k, K, SILU_MUL, EVEN_K), axis=2)
 
+    scale = 1.0
     bias = 0.0
-    if HAS_BIAS:
-        if not PARTIAL:
+    if not PARTIAL:
+        if HAS_SCALE:
+            scale = _weight_scale(scale_ptr, rows, N, SCALE_PER_ROW)
+        if HAS_BIAS:
             bias = tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
-    _store_row(out_ptr, acc0, 0, pid_k, rows, bias, N, stride_om, M, HAS_BIAS, PARTIAL)
+    _store_row(out_ptr, acc0, 0, pid_k, rows, scale, bias, N, stride_om, M, HAS_SCALE, HAS_BIAS, PARTIAL)
     if M > 1:
-        _store_row(out_ptr, acc1, 1, pid_k, rows, bias, N, stride_om, M, HAS_BIAS, PARTIAL)
+        _store_row(out_ptr, acc1, 1, pid_k, rows, scale, bias, N, stride_om, M, HAS_SCALE, HAS_BIAS, PARTIAL)
     if M > 2:
-        _store_row(out_ptr, acc2, 2, pid_k, rows, bias, N, stride_om, M, HAS_BIAS, PARTIAL)
+        _store_row(out_ptr, acc2, 2, pid_k, rows, scale, bias, N, stride_om, M, HAS_SCALE, HAS_BIAS, PARTIAL)
     if M > 3:
-        _store_row(out_ptr, acc3, 3, pid_k, rows, bias, N, stride_om, M, HAS_BIAS, PARTIAL)
+        _store_row(out_ptr, acc3, 3, pid_k, rows, scale, bias, N, stride_om, M, HAS_SCALE, HAS_BIAS, PARTIAL)
+
+
+@triton.jit
+def _weight_scale(scale_ptr, rows, N, PER_ROW: tl.constexpr):
+    """The FP8 weight's float32 scale of each output row: its own, or the tensor's one."""
+    if PER_ROW:
+        return tl.load(scale_ptr + rows, mask=rows < N, other=1.0)
+    else:
+        return tl.load(scale_ptr)
 
 
 @triton.jit
 def _split_k_reduce_kernel(
-    partial_ptr, bias_ptr, out_ptr, N, stride_om,
-    M: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+    partial_ptr, scale_ptr, bias_ptr, out_ptr, N, stride_om,
+    M: tl.constexpr, SPLITS: tl.constexpr, HAS_SCALE: tl.constexpr, SCALE_PER_ROW: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     m = tl.program_id(1)
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -186,6 +223,8 @@ def _split_k_reduce_kernel(
     acc = tl.zeros((BLOCK,), tl.float32)
     for s in tl.static_range(SPLITS):  # a fixed order: the same bits every run
         acc += tl.load(partial_ptr + (s * M + m) * N + cols, mask=mask, other=0.0)
+    if HAS_SCALE:  # once, on the sum, as without the split
+        acc *= _weight_scale(scale_ptr, cols, N, SCALE_PER_ROW)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + m * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
@@ -203,14 +242,23 @@ def gemv(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
+    weight_scale: torch.Tensor | None = None,
     act: str | None = None,
     out: torch.Tensor | None = None,
     config: GemvConfig | None = None,
 ) -> torch.Tensor:
     """x [..., K] (or [..., 2 * K] holding gate then up with act="silu_mul") with at most MAX_ROWS
-    rows; weight [N, K] row-major. Returns [..., N] in x's dtype (into out, if given)."""
+    rows; weight [N, K] row-major, FP8 with weight_scale float32 [N] (per row) or [] / [1] (per
+    tensor). Returns [..., N] in x's dtype (into out, if given)."""
     assert act in (None, "silu_mul"), f"unknown act {act!r}"
     n, k = weight.shape
+    fp8 = weight.dtype in FP8_DTYPES
+    assert (weight_scale is not None) == fp8, "an FP8 weight needs its weight_scale, and only it"
+    per_row = fp8 and weight_scale.numel() != 1
+    if fp8:
+        assert weight_scale.dtype == torch.float32, "weight_scale must be float32"
+        assert weight_scale.numel() in (1, n) and weight_scale.is_contiguous(), (
+            f"weight_scale {tuple(weight_scale.shape)}: one per output row ({n}) or one per tensor")
     silu_mul = act == "silu_mul"
     assert x.shape[-1] == (2 * k if silu_mul else k), f"x {tuple(x.shape)} does not fit weight {(n, k)}"
     assert weight.stride(1) == 1, "weight rows must be contiguous"
@@ -225,7 +273,7 @@ def gemv(
         return out
     if k == 0:
         return out.copy_(bias.expand_as(out)) if bias is not None else out.zero_()
-    cfg = config or gemv_config(m, n, k, _num_sms(x.device))
+    cfg = config or gemv_config(m, n, k, _num_sms(x.device), weight_bytes=1 if fp8 else 2)
 
     # Every split but the last covers whole BLOCK_K chunks; a split that would start past K is
     # dropped. EVEN_K (all splits full) lets the loop run without masks.
@@ -233,20 +281,21 @@ def gemv(
     splits = triton.cdiv(k, k_per_split)
     has_bias = bias is not None
     bias_arg = bias if has_bias else weight  # never read
+    scale_arg = weight_scale if fp8 else weight  # never read
     target = out2
     if splits > 1:
         target = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
     _gemv_kernel[(triton.cdiv(n, cfg.block_n), splits)](
-        x2, weight, bias_arg, target,
+        x2, weight, scale_arg, bias_arg, target,
         n, k, k_per_split, x2.stride(0), weight.stride(0), out2.stride(0),
-        M=m, HAS_BIAS=has_bias, SILU_MUL=silu_mul, PARTIAL=splits > 1, EVEN_K=k % k_per_split == 0,
+        M=m, HAS_SCALE=fp8, SCALE_PER_ROW=per_row, HAS_BIAS=has_bias, SILU_MUL=silu_mul, PARTIAL=splits > 1, EVEN_K=k % k_per_split == 0,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FOLD=min(cfg.fold, cfg.block_k),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
         block = min(1024, triton.next_power_of_2(n))
         _split_k_reduce_kernel[(triton.cdiv(n, block), m)](
-            target, bias_arg, out2, n, out2.stride(0),
-            M=m, SPLITS=splits, HAS_BIAS=has_bias, BLOCK=block, num_warps=4,
+            target, scale_arg, bias_arg, out2, n, out2.stride(0),
+            M=m, SPLITS=splits, HAS_SCALE=fp8, SCALE_PER_ROW=per_row, HAS_BIAS=has_bias, BLOCK=block, num_warps=4,
         )
     return out

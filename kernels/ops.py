@@ -193,6 +193,28 @@ def silu_and_mul_linear(x, weight, bias=None):
     return F.linear(silu_and_mul(x), weight, bias)
 
 
+def use_fp8_gemv(x, bias=None) -> bool:
+    """Whether an FP8 layer's y = x @ (q * scale)^T goes to the weight-only FP8 GEMV rather than
+    quantize_fp8 + torch._scaled_mm: on the GPU at 1..GEMV_MAX_ROWS rows, where the GEMM path is two
+    launches and a mostly idle tile (e2e/results/fp8-at-5f8bc3d/). It reads only x's shape, dtype
+    and strides, never its values, so a captured CUDA graph keeps the choice its bucket made."""
+    if not GEMV_ENABLED or x.dim() == 0 or x.shape[-1] == 0 or not _on_gpu(x):
+        return False
+    rows = x.numel() // x.shape[-1]
+    return (1 <= rows <= GEMV_MAX_ROWS and x.dtype in (*_GEMV_DTYPES, torch.float32)
+            and (bias is None or bias.dtype == x.dtype) and x.stride(-1) == 1)
+
+
+def fp8_gemv(x, weight, weight_scale, bias=None, act=None):
+    """y = act(x) @ (weight * weight_scale)^T + bias for an e4m3 weight [N, K] and its float32 scales
+    (per row or per tensor), x left unquantized; act None or "silu_mul" (x then holds gate|up)."""
+    from pagoda.kernels.gemv import fp8_launch, gemv
+
+    n, k = weight.shape
+    config = fp8_launch(x.numel() // x.shape[-1], n, k, act, x.device)
+    return gemv(x, weight, bias, weight_scale=weight_scale, act=act, config=config)
+
+
 def quantize_fp8(x, scale=None):
     """(q e4m3 [M, K], scale float32 [M, 1]) with x ~= q * scale: per token, or with a static
     per-tensor scale."""

@@ -134,5 +134,5 @@ class RowParallelLinear(LinearBase):
         kernel does both, and the activation never goes through memory."""
         bias = self.bias if self.tp_rank == 0 else None
         if self.fp8 is not None and fp8_linear.is_fp8(self.weight):
-            return self.tp.all_reduce(fp8_linear.apply(self, ops.silu_and_mul(gate_up), bias))
+            return self.tp.all_reduce(fp8_linear.apply(self, gate_up, bias, act="silu_mul"))
         return self.tp.all_reduce(ops.silu_and_mul_linear(gate_up, self.weight, bias))

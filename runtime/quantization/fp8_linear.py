@@ -5,7 +5,8 @@ weight_scale per output row (plus a per-tensor input_scale for static activation
 - on a GPU with FP8 matmuls (compute capability 8.9 or more) it stays FP8, and the forward
   quantizes its input (per token, per tensor, or by the static scale) and calls torch._scaled_mm
   with row-wise scales: y[m, n] = (q_x[m] . q_w[n]) * scale_x[m] * scale_w[n], accumulated in fp32
-  by cuBLASLt;
+  by cuBLASLt. At decode's 1..4 rows a Triton GEMV takes it instead (kernels/gemv.py), weight-only:
+  y[m, n] = (x[m] . q_w[n]) * scale_w[n], x unquantized, which is faster there and no less exact;
 - anywhere else the weight is dequantized once, at load, to the compute dtype (q * scale), and the
   layer runs as an ordinary linear one. That is the reference the tests compare with transformers.
 On-the-fly quantization (--quantization fp8) loads the bf16 weight as usual and quantizes it per
@@ -69,8 +70,14 @@ def finish_loading(layer: nn.Module, scheme, compute_dtype: torch.dtype) -> bool
     return True
 
 
-def apply(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """y = x @ dequant(weight)^T + bias through torch._scaled_mm (FP8 weight on an FP8 GPU)."""
+def apply(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None, act: str | None = None) -> torch.Tensor:
+    """y = act(x) @ dequant(weight)^T + bias for an FP8 weight on an FP8 GPU; act "silu_mul" takes
+    the MLP's gate|up. Decode's few rows go to the weight-only FP8 GEMV (x is not quantized: one
+    kernel that streams the weight); more rows quantize x and call torch._scaled_mm."""
+    if ops.use_fp8_gemv(x, bias):
+        return ops.fp8_gemv(x, layer.weight, layer.weight_scale, bias, act=act)
+    if act == "silu_mul":
+        x = ops.silu_and_mul(x)
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     activations = layer.fp8.activations

@@ -87,12 +87,14 @@ def test_gemv_split_k_is_deterministic():
 
 @pytest.mark.parametrize("rows", [1, 2, 4])
 @pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)])
-def test_gemv_config_fits_llama_8b_shapes(rows, n, k):
-    cfg = gemv_config(rows, n, k, 132)
+@pytest.mark.parametrize("weight_bytes", [2, 1], ids=["bf16", "fp8"])
+def test_gemv_config_fits_llama_8b_shapes(rows, n, k, weight_bytes):
+    cfg = gemv_config(rows, n, k, 132, weight_bytes)
     for block in (cfg.block_n, cfg.block_k, cfg.split_k, cfg.fold):
         assert block & (block - 1) == 0, cfg  # powers of two: tl.arange and the split arithmetic
     threads = 32 * cfg.num_warps
-    assert cfg.block_n * cfg.block_k * 2 // threads <= 2 * gemv_module.LOAD_BYTES_PER_THREAD
+    assert cfg.block_n * cfg.block_k * weight_bytes // threads <= 2 * gemv_module.LOAD_BYTES_PER_THREAD
+    assert cfg.fold * weight_bytes == gemv_module.VECTOR_BYTES  # one thread's 16-byte load
     assert rows * cfg.block_n * cfg.block_k // (cfg.fold * threads) <= 64  # accumulator registers
     assert k % cfg.block_k == 0 and -(-n // cfg.block_n) * cfg.split_k >= 132  # fills the GPU
 

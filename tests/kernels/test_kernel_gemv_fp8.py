@@ -1,0 +1,171 @@
+"""The FP8-weight GEMV (weight-only: x stays bf16/fp32, W is e4m3 with a per-row or per-tensor
+float32 scale) under TRITON_INTERPRET=1 against gemv_ref's dequantize-then-multiply, and against
+the CPU's FP8 path (the weight dequantized to the compute dtype at load, then F.linear). Outputs
+are poisoned with NaN first, so a row or column the kernel forgets to write shows up."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from kernel_testing import tolerance
+
+from pagoda.kernels import gemv as gemv_module
+from pagoda.kernels import ops
+from pagoda.kernels.activation_ref import silu_and_mul_ref
+from pagoda.kernels.gemv import MAX_ROWS, GemvConfig, fp8_launch, gemv, gemv_config
+from pagoda.kernels.gemv_ref import gemv_ref
+from pagoda.kernels.quant_fp8_ref import FP8_DTYPE, FP8_MAX, quantize_fp8_ref, quantize_weight_fp8_ref
+from pagoda.runtime.quantization import fp8_linear
+from pagoda.runtime.quantization.scheme import FP8Scheme
+
+DTYPES = [torch.float32, torch.bfloat16]
+# Small blocks, so N = 67 leaves a partial row block and K = 130 a masked tail over several
+# chunks; fold 16 is an FP8 thread's 16-byte load, fold 1 keeps the whole product.
+CONFIGS = dict(argnames="config", ids=["fold-16", "split-k", "fold-1-split-k"], argvalues=[
+    GemvConfig(block_n=16, block_k=32, split_k=1, num_warps=4, fold=16),
+    GemvConfig(block_n=16, block_k=32, split_k=3, num_warps=4, fold=16),
+    GemvConfig(block_n=8, block_k=64, split_k=2, num_warps=4, fold=1),
+])
+
+
+def fp8_weight(n: int, k: int, per_row: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight of outputs of order 1 at most quantized as the checkpoints are: per output row
+    (rows' scales spread over a decade, so a row given another's scale shows) or one scale for
+    the tensor."""
+    w = torch.randn(n, k) / k**0.5 * torch.logspace(-1, 0, n)[:, None]
+    if per_row:
+        return quantize_weight_fp8_ref(w)
+    scale = (w.abs().amax() / FP8_MAX).float()
+    return (w / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+
+
+def check(rows, n, k, dtype, *, per_row, bias, act=None, config=None):
+    x = torch.randn(rows, 2 * k if act else k).to(dtype)
+    q, scale = fp8_weight(n, k, per_row)
+    b = torch.randn(n).to(dtype) if bias else None
+    out = torch.full((rows, n), float("nan"), dtype=dtype)
+    got = gemv(x, q, b, weight_scale=scale, act=act, out=out, config=config)
+    assert got is out and rows <= MAX_ROWS
+    want = gemv_ref(x, q, b, weight_scale=scale, act=act)
+    torch.testing.assert_close(got, want, **tolerance(dtype))
+    return x, q, scale, b, got
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("per_row", [True, False], ids=["per-channel", "per-tensor"])
+@pytest.mark.parametrize(**CONFIGS)
+def test_fp8_gemv_odd_shape(dtype, rows, per_row, config):
+    check(rows, 67, 130, dtype, per_row=per_row, bias=rows % 2 == 1, config=config)
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("per_row", [True, False], ids=["per-channel", "per-tensor"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_fp8_gemv_bias_and_scale_with_split_k(rows, per_row, bias):
+    # scale and bias land on the split-K reduce kernel's side; both orders of the two are checked
+    check(rows, 67, 130, torch.bfloat16, per_row=per_row, bias=bias,
+          config=GemvConfig(block_n=16, block_k=32, split_k=4, num_warps=4, fold=16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize(**CONFIGS)
+def test_fp8_gemv_silu_mul(dtype, rows, config):
+    check(rows, 67, 130, dtype, per_row=rows != 3, bias=rows % 2 == 0, act="silu_mul", config=config)
+
+
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_fp8_gemv_even_k(split_k):
+    # K a multiple of the split length: the unmasked loop
+    check(3, 40, 256, torch.bfloat16, per_row=True, bias=True,
+          config=GemvConfig(block_n=8, block_k=64, split_k=split_k, num_warps=4, fold=16))
+
+
+def test_fp8_gemv_equals_the_cpu_path_in_fp32():
+    """The CPU runs an FP8 layer as F.linear over the weight dequantized at load
+    (fp8_linear.finish_loading); in fp32 the kernel gives the same numbers."""
+    x, q, scale, b, got = check(2, 67, 130, torch.float32, per_row=True, bias=True,
+                                config=GemvConfig(block_n=16, block_k=32, split_k=3, num_warps=4, fold=16))
+    dequantized = q.float() * scale[:, None]
+    torch.testing.assert_close(got, F.linear(x, dequantized, b), **tolerance(torch.float32))
+
+
+def test_fp8_default_launch_runs_and_folds_16_weights():
+    """gemv_config for a 1-byte weight folds one 16-byte load (16 weights) per thread, and its
+    default launch (split K for a few rows over a long K) runs."""
+    assert gemv_config(1, 4096, 4096, weight_bytes=1).fold == 16
+    assert gemv_config(1, 4096, 4096).fold == 8  # bf16: 8 per 16 bytes
+    cfg = fp8_launch(1, 3, 16384, None, torch.device("cpu"))
+    assert cfg.split_k > 1 and cfg.fold == 16
+    check(1, 3, 16384, torch.bfloat16, per_row=True, bias=False, config=cfg)
+    check(2, 67, 130, torch.bfloat16, per_row=False, bias=True)  # gemv's own default, FP8 flavour
+
+
+def test_fp8_gemv_rejects_a_missing_or_malformed_scale():
+    q, scale = fp8_weight(8, 32, per_row=True)
+    x = torch.randn(1, 32)
+    with pytest.raises(AssertionError, match="weight_scale"):
+        gemv(x, q)
+    with pytest.raises(AssertionError, match="weight_scale"):
+        gemv(x, q, weight_scale=scale[:4])
+    with pytest.raises(AssertionError, match="weight_scale"):
+        gemv(x, q.float(), weight_scale=scale)
+
+
+@pytest.fixture
+def on_gpu(monkeypatch):
+    """Makes the dispatcher treat CPU tensors as CUDA ones (the kernels then run interpreted)."""
+    monkeypatch.setattr(ops, "_on_gpu", lambda t: True)
+
+
+def fp8_layer(n: int, k: int, bias: bool):
+    """What finish_loading leaves on an FP8 GPU: an e4m3 weight, per-row scales, dynamic per-token
+    activations (the --quantization fp8 scheme)."""
+    q, scale = fp8_weight(n, k, per_row=True)
+    scheme = FP8Scheme(source="online", serialized=False, activations="dynamic-token")
+    return SimpleNamespace(fp8=scheme, weight=q, weight_scale=scale), torch.randn(n).to(torch.bfloat16) if bias else None
+
+
+@pytest.mark.parametrize("rows,act", [(1, None), (4, "silu_mul"), (5, None), (5, "silu_mul")])
+def test_fp8_layers_take_the_gemv_at_decode_rows_and_scaled_mm_above(on_gpu, monkeypatch, rows, act):
+    """1..4 rows: one weight-only GEMV call (x unquantized); 5 rows: x quantized per token, then
+    torch._scaled_mm, whose result is the quantized-activation product, not the weight-only one."""
+    layer, b = fp8_layer(40, 64, bias=True)
+    x = torch.randn(rows, 128 if act else 64).to(torch.bfloat16)
+    calls = []
+    monkeypatch.setattr(gemv_module, "gemv", lambda *a, **kw: calls.append(kw["act"]) or gemv(*a, **kw))
+    got = fp8_linear.apply(layer, x, b, act=act)
+    weight_only = gemv_ref(x, layer.weight, b, weight_scale=layer.weight_scale, act=act)
+    if rows <= ops.GEMV_MAX_ROWS:
+        assert calls == [act]
+        torch.testing.assert_close(got, weight_only, **tolerance(torch.bfloat16))
+        return
+    assert calls == []
+    h = silu_and_mul_ref(x) if act else x
+    qx, sx = quantize_fp8_ref(h)
+    activations_quantized = (F.linear(qx.float() * sx, layer.weight.float() * layer.weight_scale[:, None])
+                             + b.float()).to(torch.bfloat16)
+    torch.testing.assert_close(got, activations_quantized, **tolerance(torch.bfloat16))
+    assert (got.float() - weight_only.float()).abs().max() > 1e-2  # and x was quantized there
+
+
+def test_fp8_gemv_choice_reads_shapes_only(on_gpu, monkeypatch):
+    """Decode is captured in CUDA graphs: the choice must not read x (a meta tensor has no values
+    to read, so any sync would raise), only its rows, dtype and strides."""
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    for rows in range(1, ops.GEMV_MAX_ROWS + 1):
+        assert ops.use_fp8_gemv(torch.empty(rows, 64, **meta), torch.empty(40, **meta))
+    assert ops.use_fp8_gemv(torch.empty(2, 1, 64, **meta))  # rows counted over leading dims
+    assert not ops.use_fp8_gemv(torch.empty(ops.GEMV_MAX_ROWS + 1, 64, **meta))
+    assert not ops.use_fp8_gemv(torch.empty(0, 64, **meta))
+    assert not ops.use_fp8_gemv(torch.empty(1, 64, **meta), torch.empty(40, device="meta"))  # fp32 bias
+    assert not ops.use_fp8_gemv(torch.empty(1, 128, **meta)[:, ::2])  # strided row
+    monkeypatch.setattr(ops, "GEMV_ENABLED", False)  # --no-enable-gemv: quantize + _scaled_mm
+    assert not ops.use_fp8_gemv(torch.empty(1, 64, **meta))
+
+
+def test_fp8_gemv_stays_off_the_cpu():
+    """On the CPU an FP8 layer was dequantized at load (the reference); the GEMV never runs there."""
+    assert not ops.use_fp8_gemv(torch.randn(1, 64).to(torch.bfloat16))
