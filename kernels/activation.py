@@ -11,6 +11,16 @@ import triton.language as tl
 
 
 @triton.jit
+def silu_times_up(x_ptr, row, stride_x, d, cols, mask):
+    """silu(gate) * up at cols of one merged row, in float32 (silu rounded to x's dtype first);
+    also the FP8 quantization's input (quant_fp8.py)."""
+    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0)
+    silu = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty)
+    return silu.to(tl.float32) * up.to(tl.float32)
+
+
+@triton.jit
 def _silu_and_mul_kernel(
     x_ptr, out_ptr, stride_x, stride_o, d,
     BLOCK: tl.constexpr,
@@ -18,10 +28,7 @@ def _silu_and_mul_kernel(
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
-    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0)
-    silu = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty)
-    out = silu.to(tl.float32) * up.to(tl.float32)
+    out = silu_times_up(x_ptr, row, stride_x, d, cols, mask)
     tl.store(out_ptr + row * stride_o + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 

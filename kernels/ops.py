@@ -215,14 +215,15 @@ def fp8_gemv(x, weight, weight_scale, bias=None, act=None):
     return gemv(x, weight, bias, weight_scale=weight_scale, act=act, config=config)
 
 
-def quantize_fp8(x, scale=None):
+def quantize_fp8(x, scale=None, *, silu_mul: bool = False):
     """(q e4m3 [M, K], scale float32 [M, 1]) with x ~= q * scale: per token, or with a static
-    per-tensor scale."""
+    per-tensor scale. silu_mul: x is [M, 2 * K], gate then up, and silu(gate) * up is quantized
+    (on the GPU in the one kernel)."""
     if _on_gpu(x):
         from pagoda.kernels.quant_fp8 import quantize_fp8 as triton_quantize_fp8
 
-        return triton_quantize_fp8(x.contiguous(), scale)
-    return quantize_fp8_ref(x, scale)
+        return triton_quantize_fp8(x.contiguous(), scale, silu_mul=silu_mul)
+    return quantize_fp8_ref(silu_and_mul_ref(x) if silu_mul else x, scale)
 
 
 def moe_route(router_logits, top_k: int, renormalize: bool):

@@ -76,20 +76,29 @@ def apply(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None, act: str
     kernel that streams the weight); more rows quantize x and call torch._scaled_mm."""
     if ops.use_fp8_gemv(x, bias):
         return ops.fp8_gemv(x, layer.weight, layer.weight_scale, bias, act=act)
-    if act == "silu_mul":
-        x = ops.silu_and_mul(x)
-    shape = x.shape
-    x2 = x.reshape(-1, shape[-1])
-    activations = layer.fp8.activations
-    if activations == "dynamic-token":
-        q, scale_a = ops.quantize_fp8(x2)
-    elif activations == "dynamic-tensor":
-        q, scale_a = ops.quantize_fp8(x2, (x2.abs().amax().float() / FP8_MAX).clamp(min=MIN_SCALE))
-    else:
-        q, scale_a = ops.quantize_fp8(x2, layer.input_scale)
+    q, scale_a, shape = _quantize_input(layer, x, act)
     weight = layer.weight
     y = torch._scaled_mm(q, weight.t(), scale_a=scale_a.contiguous(), scale_b=layer.weight_scale.view(1, -1),
                          out_dtype=x.dtype)
     if bias is not None:
         y = y + bias
     return y.reshape(*shape[:-1], weight.shape[0])
+
+
+def _quantize_input(layer: nn.Module, x: torch.Tensor, act: str | None):
+    """(q, scale [M, 1], act(x)'s shape) for torch._scaled_mm. A per-token or static scale needs
+    one row at a time, so silu(gate) * up is quantized as it is computed (one kernel, the
+    activation never stored); a per-tensor dynamic scale needs the whole activation first."""
+    activations = layer.fp8.activations
+    silu_mul = act == "silu_mul"
+    if silu_mul and activations == "dynamic-tensor":
+        x, silu_mul = ops.silu_and_mul(x), False
+    shape = (*x.shape[:-1], x.shape[-1] // 2) if silu_mul else x.shape
+    x2 = x.reshape(-1, x.shape[-1])
+    if activations == "dynamic-token":
+        q, scale_a = ops.quantize_fp8(x2, silu_mul=silu_mul)
+    elif activations == "dynamic-tensor":
+        q, scale_a = ops.quantize_fp8(x2, (x2.abs().amax().float() / FP8_MAX).clamp(min=MIN_SCALE))
+    else:
+        q, scale_a = ops.quantize_fp8(x2, layer.input_scale, silu_mul=silu_mul)
+    return q, scale_a, shape

@@ -1,11 +1,12 @@
 """FP8 (e4m3) kernels under TRITON_INTERPRET=1 against torch references that quantize and
-dequantize: per-token activation quantization, the KV-cache write (alone and fused with rotary)
+dequantize: per-token activation quantization (alone and fused with SiLU-mul), the KV-cache write (alone and fused with rotary)
 into an FP8 cache with per-tensor k/v scales, and paged decode and prefill reading that cache."""
 
 import pytest
 import torch
 from kernel_testing import paged_inputs, tolerance
 
+from pagoda.kernels.activation_ref import silu_and_mul_ref
 from pagoda.kernels.kv_cache import write_kv_cache
 from pagoda.kernels.kv_cache_ref import write_kv_cache_ref
 from pagoda.kernels.paged_attention_decode import paged_attention_decode
@@ -39,6 +40,31 @@ def test_quantize_fp8_matches_reference_bit_for_bit(dtype, static):
     # and x ~= q * scale, within e4m3's half-ulp (2^-4 relative) where nothing was clamped
     if not static:
         assert torch.allclose(q.float() * s, x.float(), rtol=2**-4, atol=float(s.min()) * 2**-9 * 4)
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_quantize_fp8_silu_mul_matches_reference(static):
+    """silu(gate) * up quantized in one kernel equals silu_and_mul then quantize. In fp32 bit for
+    bit; in bf16 the interpreter rounds the activation to bf16 by truncation (the GPU rounds as the
+    reference does), which can move a row's scale by an ulp or two and a value by one e4m3 step."""
+    torch.manual_seed(3)
+    gate_up = torch.randn(5, 2 * 3000) * 3
+    gate_up[1] = 0  # the floor scale
+    scale = torch.tensor(0.02) if static else None
+    for dtype in (F32, BF16):
+        x = gate_up.to(dtype)
+        q, s = quantize_fp8(x, scale, silu_mul=True)
+        q_ref, s_ref = quantize_fp8_ref(silu_and_mul_ref(x), scale)
+        assert q.shape == (5, 3000)
+        if dtype == F32:
+            assert torch.equal(bits(q), bits(q_ref)) and torch.equal(s, s_ref)
+            continue
+        torch.testing.assert_close(s, s_ref, **tolerance(BF16))
+        # dequantized, within one e4m3 step (2^-3 relative; 2^-9 of the scale for subnormals) and
+        # the bf16 slack that moved the scale
+        got, want = q.float() * s, q_ref.float() * s_ref
+        assert ((got - want).abs() <= want.abs() * (2**-3 + 2**-5) + s_ref * 2**-8).all()
+        assert (q.float() == q_ref.float()).float().mean() > 0.9
 
 
 def kv_inputs(num_tokens, num_kv_heads, head_dim, dtype, num_blocks=6, block_size=4):

@@ -15,7 +15,13 @@ from pagoda.kernels import ops
 from pagoda.kernels.activation_ref import silu_and_mul_ref
 from pagoda.kernels.gemv import MAX_ROWS, GemvConfig, fp8_launch, gemv, gemv_config
 from pagoda.kernels.gemv_ref import gemv_ref
-from pagoda.kernels.quant_fp8_ref import FP8_DTYPE, FP8_MAX, quantize_fp8_ref, quantize_weight_fp8_ref
+from pagoda.kernels.quant_fp8_ref import (
+    FP8_DTYPE,
+    FP8_MAX,
+    MIN_SCALE,
+    quantize_fp8_ref,
+    quantize_weight_fp8_ref,
+)
 from pagoda.runtime.quantization import fp8_linear
 from pagoda.runtime.quantization.scheme import FP8Scheme
 
@@ -120,23 +126,41 @@ def on_gpu(monkeypatch):
     monkeypatch.setattr(ops, "_on_gpu", lambda t: True)
 
 
-def fp8_layer(n: int, k: int, bias: bool):
-    """What finish_loading leaves on an FP8 GPU: an e4m3 weight, per-row scales, dynamic per-token
-    activations (the --quantization fp8 scheme)."""
+def fp8_layer(n: int, k: int, bias: bool, activations: str = "dynamic-token"):
+    """What finish_loading leaves on an FP8 GPU: an e4m3 weight, per-row scales, and for static
+    activations the checkpoint's input_scale."""
     q, scale = fp8_weight(n, k, per_row=True)
-    scheme = FP8Scheme(source="online", serialized=False, activations="dynamic-token")
-    return SimpleNamespace(fp8=scheme, weight=q, weight_scale=scale), torch.randn(n).to(torch.bfloat16) if bias else None
+    scheme = FP8Scheme(source="online", serialized=False, activations=activations)
+    layer = SimpleNamespace(fp8=scheme, weight=q, weight_scale=scale, input_scale=torch.tensor(0.004))
+    return layer, torch.randn(n).to(torch.bfloat16) if bias else None
 
 
-@pytest.mark.parametrize("rows,act", [(1, None), (4, "silu_mul"), (5, None), (5, "silu_mul")])
-def test_fp8_layers_take_the_gemv_at_decode_rows_and_scaled_mm_above(on_gpu, monkeypatch, rows, act):
-    """1..4 rows: one weight-only GEMV call (x unquantized); 5 rows: x quantized per token, then
+def quantized_reference(layer, h, b):
+    """torch._scaled_mm's arithmetic in fp32: h quantized as the scheme says, times the weight."""
+    scale = {"dynamic-token": None, "static-tensor": layer.input_scale,
+             "dynamic-tensor": (h.float().abs().amax() / FP8_MAX).clamp(min=MIN_SCALE)}[layer.fp8.activations]
+    qx, sx = quantize_fp8_ref(h, scale)
+    y = F.linear(qx.float() * sx, layer.weight.float() * layer.weight_scale[:, None]) + b.float()
+    return y.to(h.dtype)
+
+
+@pytest.mark.parametrize("rows,act,activations", [
+    (1, None, "dynamic-token"), (4, "silu_mul", "static-tensor"), (5, None, "dynamic-token"),
+    (5, "silu_mul", "dynamic-token"), (6, "silu_mul", "static-tensor"), (7, "silu_mul", "dynamic-tensor"),
+])
+def test_fp8_layers_take_the_gemv_at_decode_rows_and_scaled_mm_above(on_gpu, monkeypatch, rows, act, activations):
+    """1..4 rows: one weight-only GEMV call (x unquantized); 5 rows or more: x quantized (silu(gate)
+    * up in the quantizing kernel itself, where the scale is per row or static), then
     torch._scaled_mm, whose result is the quantized-activation product, not the weight-only one."""
-    layer, b = fp8_layer(40, 64, bias=True)
+    layer, b = fp8_layer(40, 64, bias=True, activations=activations)
     x = torch.randn(rows, 128 if act else 64).to(torch.bfloat16)
-    calls = []
+    calls, separate_silu = [], []
     monkeypatch.setattr(gemv_module, "gemv", lambda *a, **kw: calls.append(kw["act"]) or gemv(*a, **kw))
+    silu_and_mul = ops.silu_and_mul
+    monkeypatch.setattr(ops, "silu_and_mul", lambda t: separate_silu.append(t.shape) or silu_and_mul(t))
     got = fp8_linear.apply(layer, x, b, act=act)
+    # a per-tensor dynamic scale needs the whole activation before quantizing; the others fuse it
+    assert len(separate_silu) == (act == "silu_mul" and activations == "dynamic-tensor")
     weight_only = gemv_ref(x, layer.weight, b, weight_scale=layer.weight_scale, act=act)
     if rows <= ops.GEMV_MAX_ROWS:
         assert calls == [act]
@@ -144,10 +168,7 @@ def test_fp8_layers_take_the_gemv_at_decode_rows_and_scaled_mm_above(on_gpu, mon
         return
     assert calls == []
     h = silu_and_mul_ref(x) if act else x
-    qx, sx = quantize_fp8_ref(h)
-    activations_quantized = (F.linear(qx.float() * sx, layer.weight.float() * layer.weight_scale[:, None])
-                             + b.float()).to(torch.bfloat16)
-    torch.testing.assert_close(got, activations_quantized, **tolerance(torch.bfloat16))
+    torch.testing.assert_close(got, quantized_reference(layer, h, b), **tolerance(torch.bfloat16))
     assert (got.float() - weight_only.float()).abs().max() > 1e-2  # and x was quantized there
 
 
