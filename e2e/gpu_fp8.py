@@ -7,7 +7,9 @@ Run on the H200 from the repository root (after `source e2e/gpu_env.sh`):
 1. The FP8 linear layer (torch._scaled_mm, row-wise scales, the Triton per-token quantization) at
    the 8B projections' shapes and 1, 7, 64 and 300 rows, against the same quantized operands
    multiplied in fp32: y = (q_x * s_x) @ (q_w * s_w)^T. Both sides share the quantization, so the
-   only difference is cuBLASLt's accumulation and the bf16 output: relative error <= GEMM_TOL.
+   only difference is cuBLASLt's accumulation and the bf16 output: relative error <= GEMM_TOL. At
+   1 row the layer runs the weight-only FP8 GEMV instead (kernels/gemv.py), checked against
+   x @ (q_w * s_w)^T.
    Also the Triton quantization against its torch reference on CUDA (bit-exact is not required
    there: the GPU divides with its own rounding; at most one e4m3 step, on few elements).
 2. Teacher-forced logits on the 8B shape with transformers' random weights (as gpu_correctness.py
@@ -66,11 +68,14 @@ def check_gemm(shape: dict, device: str) -> dict:
             for m in ROWS:
                 x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
                 got = fp8_linear.apply(layer, x, None)
+                # decode's few rows take the weight-only FP8 GEMV: x is not quantized there
+                weight_only = ops.use_fp8_gemv(x)
                 qx, sx = quantize_fp8_ref(x, per_token=activations == "dynamic-token")
-                want = (qx.float() * sx) @ (qw.float() * sw[:, None]).t()
+                want = (x.float() if weight_only else qx.float() * sx) @ (qw.float() * sw[:, None]).t()
                 err = rel(got, want)
                 key = f"{name}-{activations}-m{m}"
-                out[key] = {"rel_error": round(err, 6), "vs_bf16_matmul": round(rel(got, x @ w.t()), 5)}
+                out[key] = {"path": "fp8_gemv" if weight_only else "scaled_mm", "rel_error": round(err, 6),
+                            "vs_bf16_matmul": round(rel(got, x @ w.t()), 5)}
                 ok &= err <= GEMM_TOL
         x = torch.randn(300, k, device=device, dtype=torch.bfloat16) * 3
         qk, sk = ops.quantize_fp8(x)
