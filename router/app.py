@@ -1,4 +1,4 @@
-"""The router's ASGI app: the OpenAI routes it proxies, /v1/models, /health and /metrics.
+"""The router's ASGI app: the OpenAI routes it proxies, /v1/models[/{id}], /health and /metrics.
 
 `build_app(discovery, ...)` starts the discovery, the load scraper and the upstream client in the
 app's lifespan, so the app alone is the whole router (the CLI only adds uvicorn).
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from contextlib import asynccontextmanager
 
 import httpx
@@ -22,7 +23,7 @@ from pagoda.router.discovery import Discovery
 from pagoda.router.fleet import Fleet
 from pagoda.router.load import Loads, scrape_forever
 from pagoda.router.metrics import RouterMetrics
-from pagoda.router.proxy import Proxy, ProxyConfig, error, model_list
+from pagoda.router.proxy import Proxy, ProxyConfig, error, model_card, model_list, unknown_model
 
 PROXIED = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings")
 
@@ -59,6 +60,14 @@ def build_app(discovery: Discovery, config: ProxyConfig | None = None, *, load_f
     async def models(_: Request) -> Response:
         return JSONResponse(model_list(fleet))
 
+    async def model(request: Request) -> Response:
+        # OpenAI's GET /v1/models/{model}; `path` because served names may hold a "/" (org/name).
+        name = request.path_params["model"]
+        group = fleet.lookup(name)
+        if group is None:
+            return unknown_model(name)
+        return JSONResponse(model_card(name, group, int(time.time())))
+
     async def health(_: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
@@ -71,7 +80,8 @@ def build_app(discovery: Discovery, config: ProxyConfig | None = None, *, load_f
         return error(404, f"{request.method} {request.url.path} is not a route of this router.")
 
     routes = [Route(path, proxy.handle, methods=["POST"]) for path in PROXIED]
-    routes += [Route("/v1/models", models), Route("/health", health), Route("/metrics", prometheus)]
+    routes += [Route("/v1/models", models), Route("/v1/models/{model:path}", model), Route("/health", health),
+               Route("/metrics", prometheus)]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found})
     app.state.fleet, app.state.proxy, app.state.metrics = fleet, proxy, metrics
     return app

@@ -72,8 +72,7 @@ class Proxy:
             return error(400, "The request names no `model`.", param="model")
         group = self.fleet.lookup(body["model"])
         if group is None:
-            return error(404, f"The model `{body['model']}` does not exist. GET /v1/models lists the models "
-                         "this router serves.", param="model", code="model_not_found")
+            return unknown_model(body["model"])
         if body["model"] != group.spec.served_name:  # an alias: the replicas know the served name
             raw = json.dumps({**body, "model": group.spec.served_name}).encode()
         return Relay(self, group, request, raw, prefix_key(body, group.spec.prefix_char_length))
@@ -203,16 +202,24 @@ def error(status: int, message: str, *, param: str | None = None, code: str | No
                     media_type="application/json", headers=headers)
 
 
+def unknown_model(name: str) -> Response:
+    return error(404, f"The model `{name}` does not exist. GET /v1/models lists the models this router serves.",
+                 param="model", code="model_not_found")
+
+
 async def send_error(send, status: int, message: str, **kw) -> None:
     response = error(status, message, **kw)
     await send({"type": "http.response.start", "status": status, "headers": response.raw_headers})
     await send({"type": "http.response.body", "body": response.body})
 
 
+def model_card(name: str, group: Group, now: int) -> dict:
+    """One entry of OpenAI's model list, with the ModelServer and the replicas ready behind it."""
+    return {"id": name, "object": "model", "created": now, "owned_by": "pagoda", "root": group.spec.served_name,
+            "model_server": group.spec.key, "ready_replicas": len(group.endpoints)}
+
+
 def model_list(fleet: Fleet) -> dict:
-    """OpenAI's model list: every served name and alias, with the replicas ready behind it."""
+    """OpenAI's model list: every served name and alias."""
     now = int(time.time())
-    return {"object": "list", "data": [
-        {"id": name, "object": "model", "created": now, "owned_by": "pagoda", "root": group.spec.served_name,
-         "model_server": group.spec.key, "ready_replicas": len(group.endpoints)}
-        for name, group in fleet.names()]}
+    return {"object": "list", "data": [model_card(name, group, now) for name, group in fleet.names()]}

@@ -46,6 +46,20 @@ def test_models_lists_every_name_and_alias(router):
     assert listed["beta"].model_extra["ready_replicas"] == 1
 
 
+@pytest.mark.parametrize("name,root", [("alpha", "alpha"), ("a", "alpha"), ("beta", "beta")])
+def test_a_model_is_retrieved_by_name_or_alias(router, name, root):
+    card = _client(router).models.retrieve(name)
+    assert card.id == name and card.model_extra["root"] == root
+    assert card.model_extra["ready_replicas"] == 1
+
+
+@pytest.mark.parametrize("name", ["gamma", "org/gamma"])  # a served name may hold a "/"
+def test_retrieving_an_unknown_model_is_a_404_in_openai_shape(router, name):
+    with pytest.raises(openai.NotFoundError) as info:
+        _client(router).models.retrieve(name)
+    assert info.value.body["code"] == "model_not_found" and f"`{name}`" in info.value.body["message"]
+
+
 def test_unknown_model_is_a_404_in_openai_shape(router):
     with pytest.raises(openai.NotFoundError) as info:
         _client(router).completions.create(model="gamma", prompt="x", max_tokens=1)
