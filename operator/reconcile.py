@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from pagoda.operator import cache_size
 from pagoda.operator.builders import meta
 from pagoda.operator.builders.deployment import build_deployment
-from pagoda.operator.builders.loader_job import PLAN_CONTAINER, build_loader_job, plan_memory_gib
+from pagoda.operator.builders.loader_job import build_loader_job
 from pagoda.operator.builders.pdb import build_pdb
 from pagoda.operator.builders.pvc import build_cache_pvc
 from pagoda.operator.builders.service import build_service, endpoint
@@ -27,9 +27,10 @@ from pagoda.operator.config import OperatorConfig
 from pagoda.operator.gpus import quantity_gib
 from pagoda.operator.inference_pool import apply_inference_pool
 from pagoda.operator.k8s import Cluster
+from pagoda.operator.loader_pods import failure_cause, read_plan
 from pagoda.operator.spec import ModelServer
 from pagoda.operator.status import Observation, compute_status
-from pagoda.operator.status_schema import CacheStatus, LoaderStatus, PlanStatus
+from pagoda.operator.status_schema import CacheStatus, LoaderStatus
 
 log = logging.getLogger(__name__)
 
@@ -69,24 +70,8 @@ def job_state(job: dict) -> tuple[str, str]:
     return "running", "downloading the model into the cache"
 
 
-def read_plan(cluster: Cluster, ms: ModelServer, job: dict) -> PlanStatus:
-    """`pagoda plan --json` output, from the plan container's termination message."""
-    gib, assumed = plan_memory_gib(ms)
-    plan = PlanStatus(gpu_memory_gib=gib, message=f"assumed {gib:g} GiB per replica" if assumed else None)
-    job_name = job["metadata"]["name"]
-    pods = cluster.list("Pod", ms.namespace, {"job-name": job_name})
-    for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "", reverse=True):
-        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-            terminated = (cs.get("state") or {}).get("terminated") or {}
-            if cs.get("name") != PLAN_CONTAINER or terminated.get("exitCode") != 0:
-                continue
-            try:
-                figures = json.loads(terminated.get("message") or "")
-            except json.JSONDecodeError:
-                continue
-            keys = ("fits", "weight_bytes", "kv_bytes_per_token", "kv_capacity_tokens", "max_concurrent_seqs")
-            return plan.model_copy(update={k: figures[k] for k in keys if k in figures})
-    return plan.model_copy(update={"message": "no plan output found on the loader pod"})
+def with_cause(message: str, loader: LoaderStatus) -> str:
+    return f"{message}: {loader.last_error}" if loader.last_error else message
 
 
 def backoff_seconds(config: OperatorConfig, failures: int) -> float:
@@ -114,7 +99,7 @@ def _load_cache(
     job = cluster.get("Job", ms.namespace, name)
     if job is None:
         if loader.retry_after and now < _parse(loader.retry_after):
-            msg = f"loader failed {loader.failures}x; retrying after {loader.retry_after}"
+            msg = with_cause(f"loader failed {loader.failures}x; retrying after {loader.retry_after}", loader)
             return cache, loader, plan, "reload-failed" if reloading else "failed", msg
         job, action = cluster.ensure(desired, update=False)
         if action == "created":
@@ -125,14 +110,18 @@ def _load_cache(
     if state == "failed":
         uid = job["metadata"].get("uid") or name
         if loader.failed_job_uid != uid:
+            # The Job says only that it gave up; its pods say why. Kept in the status, since the
+            # failed Job (and its pods) go when the retry comes.
+            cause = failure_cause(cluster, ms, job)
             failures = loader.failures + 1
             retry = now + timedelta(seconds=backoff_seconds(config, failures))
-            loader = LoaderStatus(failures=failures, failed_job_uid=uid, retry_after=_iso(retry))
-            events.append(("Warning", "LoaderFailed", f"{why}; retry {failures} after {_iso(retry)}"))
+            loader = LoaderStatus(failures=failures, failed_job_uid=uid, retry_after=_iso(retry), last_error=cause)
+            message = f"{why}: {cause or 'no cause reported'}; retry {failures} after {_iso(retry)}"
+            events.append(("Warning", "LoaderFailed", message[:1000]))
         elif loader.retry_after and now >= _parse(loader.retry_after):
             cluster.delete("Job", ms.namespace, name)  # the next pass creates it afresh
             events.append(("Normal", "LoaderRetry", f"deleted failed Job {name} to retry"))
-        return cache, loader, plan, "reload-failed" if reloading else "failed", why
+        return cache, loader, plan, "reload-failed" if reloading else "failed", with_cause(why, loader)
     plan = read_plan(cluster, ms, job)
     cache = CacheStatus(
         claim_name=claim, uri=uri, path=meta.model_uri(ms).mount_path, ready=True, job_name=name

@@ -50,6 +50,7 @@ class LoaderStatus(StatusModel):
     failures: int = 0
     failed_job_uid: str | None = None
     retry_after: str | None = None
+    last_error: str | None = Field(default=None, description="Why the last loader Job failed, from its pod.")
 
 
 class RouterStatus(StatusModel):

@@ -7,6 +7,12 @@
 A marker file (`.pagoda-download.json`) is written last, so a folder with the marker is complete: a
 retried Job skips the download, and a half-finished one is resumed by snapshot_download.
 
+Before fetching, a dry run (the library's own) sizes what is still to download, and a volume
+without room for it fails at once, naming both figures: a full claim would otherwise fail minutes
+in with a bare ENOSPC. A failure's cause goes, as one line, to stderr and to `--error-file` (the
+loader Job passes its termination-message path, where the operator reads it for the ModelServer's
+status).
+
 `--prune-root ROOT` (the operator passes it for a cache claim of the ModelServer's own): once DIR is
 complete, every other model folder under ROOT (`ROOT/<org>/<name>/<revision>`, the layout the
 serving pods read) is removed, so a claim holds one model however often its URI changes. Pods of
@@ -44,6 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prune-root", metavar="ROOT",
         help="once DIR is complete, remove the other model folders under ROOT (ROOT/<org>/<name>/<revision>)",
     )  # fmt: skip
+    parser.add_argument("--error-file", metavar="PATH",
+                        help="on failure, write the cause there as one line (the loader Job's termination message)")
 
 
 def is_complete(folder: Path, uri: str) -> bool:
@@ -65,17 +73,18 @@ def download(uri: str, folder: str | os.PathLike, *, force: bool = False, max_wo
         return json.loads((folder / MARKER).read_text()) | {"skipped": "already complete"}
 
     from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import DryRunError
 
     folder.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    snapshot_download(
-        repo_id=parsed.repo_id,
-        revision=parsed.revision,
-        local_dir=folder,
-        token=os.environ.get("HF_TOKEN") or None,
-        allow_patterns=ALLOW_PATTERNS,
-        max_workers=max_workers,
-    )
+    fetch = {"repo_id": parsed.repo_id, "revision": parsed.revision, "local_dir": folder,
+             "token": os.environ.get("HF_TOKEN") or None, "allow_patterns": ALLOW_PATTERNS, "max_workers": max_workers}
+    try:
+        planned = snapshot_download(**fetch, dry_run=True)
+    except DryRunError as exc:  # it says only "cannot be accessed": the cause it wraps says why
+        raise (exc.__cause__ or exc) from None
+    check_free_space(uri, folder, planned)
+    snapshot_download(**fetch)
     files = sorted(
         p for p in folder.rglob("*") if p.is_file() and ".cache" not in p.relative_to(folder).parts
     )
@@ -89,6 +98,22 @@ def download(uri: str, folder: str | os.PathLike, *, force: bool = False, max_wo
     }
     (folder / MARKER).write_text(json.dumps(record, indent=2) + "\n")
     return record
+
+
+class CacheTooSmall(OSError):
+    """The volume has no room for what is left to download."""
+
+
+def check_free_space(uri: str, folder: Path, planned: list) -> None:
+    """Refuse a download the volume cannot hold. `planned` is snapshot_download's dry run: files
+    already complete in folder are not counted again (a resumed download needs only the rest)."""
+    needed = sum(f.file_size or 0 for f in planned if f.will_download)
+    free = shutil.disk_usage(folder).free
+    if needed > free:
+        raise CacheTooSmall(
+            f"{uri} needs {needed / 2**30:.2f} GiB more on the cache volume, which has {free / 2**30:.2f} GiB "
+            f"free at {folder}; raise spec.cache.size (older revisions are pruned only after a complete download)"
+        )
 
 
 # ROOT/<org>/<name>/<revision>: model_uri.ModelURI.cache_subpath below "hf/".
@@ -113,13 +138,27 @@ def prune(root: str | os.PathLike, keep: str | os.PathLike) -> list[str]:
     return removed
 
 
+# Kubernetes keeps at most 4096 bytes of a termination message; the cause fits in far less.
+ERROR_CHARS = 1000
+
+
+def failure_cause(exc: BaseException) -> str:
+    """One line: the error's kind and its first lines (the Hub's errors add a request id and advice)."""
+    text = " ".join(line.strip() for line in str(exc).splitlines()[:3] if line.strip())
+    return f"{type(exc).__name__}: {text}"[:ERROR_CHARS]
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         record = download(args.uri, args.dir, force=args.force, max_workers=args.max_workers)
         if args.prune_root:
             record["pruned"] = prune(args.prune_root, args.dir)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"pagoda download: {exc}", file=sys.stderr)
-        return 2
+    except Exception as exc:  # noqa: BLE001 - whatever stops the loader is reported, then it exits non-zero
+        cause = failure_cause(exc)
+        print(f"pagoda download: {cause}", file=sys.stderr)
+        if args.error_file:
+            Path(args.error_file).write_text(cause)
+        # 2: the URI or the folder is wrong (a spec error); 1: the Hub or the volume failed.
+        return 2 if isinstance(exc, ValueError | FileNotFoundError) else 1
     print(json.dumps(record))
     return 0

@@ -14,6 +14,8 @@ from pagoda.runtime.engine_args import to_cli_flags
 from pagoda.runtime.model_uri import CACHE_MOUNT, HF_FOLDER
 
 PLAN_CONTAINER = "plan"
+DOWNLOAD_CONTAINER = "download"
+TERMINATION_LOG = "/dev/termination-log"
 # The plan's arguments follow the script ("$@"), so no path is ever re-parsed by the shell.
 # `pagoda plan` exits 1 when the model does not fit: that is a finding for the status, not a failed
 # load, so only 2 and up (no config.json, bad flags) fail the Job.
@@ -58,19 +60,23 @@ def build_loader_job(ms: ModelServer, config: OperatorConfig) -> dict | None:
     ]
     resources = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
     labels = meta.labels(ms, meta.LOADER_COMPONENT)
-    command = ["pagoda", "download", ms.spec.model.uri, uri.mount_path]
+    # The cause of a failure goes to the termination message, where the operator reads it for the
+    # status; the log's tail stands in when the container dies before writing it.
+    command = ["pagoda", "download", ms.spec.model.uri, uri.mount_path, "--error-file", TERMINATION_LOG]
     if meta.owns_cache_claim(ms):
         # Our own claim holds one model: the other revisions go once this one is complete. A claim
         # the user names (existingClaim) may be shared by other ModelServers, so it is never pruned.
         command += ["--prune-root", f"{CACHE_MOUNT}/{HF_FOLDER}"]
     download = {
-        "name": "download",
+        "name": DOWNLOAD_CONTAINER,
         "image": image,
         "imagePullPolicy": ms.spec.image_pull_policy,
         "command": command,
         "env": env,
         "resources": resources,
         "securityContext": security,
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": mounts,
     }
     plan = {
@@ -81,7 +87,7 @@ def build_loader_job(ms: ModelServer, config: OperatorConfig) -> dict | None:
         "env": list(meta.HOME_ENV),
         "resources": resources,
         "securityContext": security,
-        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [{**mounts[0], "readOnly": True}, meta.TMP_MOUNT],
     }

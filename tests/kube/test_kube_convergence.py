@@ -231,6 +231,6 @@ def test_a_new_revision_reloads_with_a_loader_that_prunes_the_old_one(kube, oper
     (job,) = wait_for(only_the_new_job, "the stale Job to go")
     (download,) = job["spec"]["template"]["spec"]["initContainers"]
     assert download["command"] == ["pagoda", "download", "hf://org/rev@v2", "/models/hf/org/rev/v2",
-                                   "--prune-root", "/models/hf"]  # fmt: skip
+                                   "--error-file", "/dev/termination-log", "--prune-root", "/models/hf"]  # fmt: skip
     assert job["status"].get("succeeded") == 1
     kube.kubectl("delete", "modelserver", "rev", "-n", ns, "--wait=true", "--timeout=120s")

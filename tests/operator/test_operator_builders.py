@@ -213,9 +213,13 @@ def test_loader_job():
     (download,), (plan,) = pod["initContainers"], pod["containers"]
     target = "/models/hf/meta-llama/Llama-3.1-8B-Instruct/0e9e39f249a16976918f6564b8830bc894c89659"
     # The claim is the ModelServer's own: the other revisions on it go once this one is complete.
-    assert download["command"] == ["pagoda", "download", ms.spec.model.uri, target, "--prune-root", "/models/hf"]
+    assert download["command"] == ["pagoda", "download", ms.spec.model.uri, target, "--error-file",
+                                   "/dev/termination-log", "--prune-root", "/models/hf"]  # fmt: skip
     download_args = download_parser().parse_args(download["command"][2:])
     assert (download_args.dir, download_args.prune_root) == (target, "/models/hf")
+    # A failure's cause is the container's termination message, which the operator reads back.
+    assert download_args.error_file == download["terminationMessagePath"] == "/dev/termination-log"
+    assert download["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert {
         "name": "HF_TOKEN",
         "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}},

@@ -127,3 +127,48 @@ def test_prune_keeps_only_a_model_folder_of_the_root(tmp_path):
         prune(root, tmp_path / "elsewhere" / "a" / "b" / "c")
     assert prune(root, root / "org" / "tiny" / "main") == ["org/tiny/v1", "other/model/main"]
     assert (root / "org/tiny/main/model.safetensors").read_bytes() == b"old weights"
+
+
+def hub_env(server, tmp_path) -> dict:
+    return {"HF_ENDPOINT": f"http://127.0.0.1:{server.server_port}", "HF_HUB_CACHE": str(tmp_path / "hf-cache"),
+            "HF_HUB_DISABLE_TELEMETRY": "1"}  # fmt: skip
+
+
+def test_a_model_the_volume_cannot_hold_fails_before_any_weight_is_fetched(hub, tmp_path):
+    import shutil
+
+    source, _ = hub
+    free = shutil.disk_usage(tmp_path).free
+    shard = next(p.name for p in source.iterdir() if p.suffix == ".safetensors")
+    big = serve(source, "org/big", sizes={shard: free + 2**30})  # the Hub says: one GiB more than is free
+    try:
+        target, cause = tmp_path / "org" / "big" / "main", tmp_path / "termination-log"
+        result = pagoda("download", "hf://org/big@main", str(target), "--error-file", str(cause),
+                        env=hub_env(big, tmp_path))  # fmt: skip
+        assert result.returncode == 1, result.stderr
+        message = cause.read_text()
+        assert message.startswith("CacheTooSmall: hf://org/big@main needs ") and "spec.cache.size" in message
+        assert message in result.stderr
+        assert not any(method == "GET" and "/resolve/" in path for method, path, _ in big.requests), big.requests
+        assert not (target / shard).exists() and not (target / MARKER).exists()
+    finally:
+        big.shutdown()
+
+
+def test_a_failed_download_writes_its_cause_to_the_error_file(hub, tmp_path):
+    _, server = hub
+    cause = tmp_path / "termination-log"
+    result = pagoda("download", "hf://org/missing@main", str(tmp_path / "m"), "--error-file", str(cause),
+                    env=hub_env(server, tmp_path))  # fmt: skip
+    assert result.returncode == 1
+    message = cause.read_text()
+    assert "\n" not in message and "org/missing" in message and message in result.stderr
+
+
+def test_a_model_that_fits_is_downloaded_after_the_check(hub, tmp_path):
+    """The dry run counts the real sizes: a model far smaller than the free space goes through."""
+    _, server = hub
+    target = tmp_path / "org" / "tiny" / "main"
+    result = pagoda("download", "hf://org/tiny@main", str(target), env=hub_env(server, tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert (target / "config.json").is_file()

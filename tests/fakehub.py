@@ -11,8 +11,11 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 
-def serve(root: Path, repo_id: str, commit: str = "c" * 40) -> ThreadingHTTPServer:
+def serve(root: Path, repo_id: str, commit: str = "c" * 40, sizes: dict[str, int] | None = None) -> ThreadingHTTPServer:
+    """`sizes` overrides what the Hub reports for some files (the tree's size, and X-Linked-Size as the
+    Hub sends for LFS files), so a repo can claim shards larger than any disk without holding them."""
     files = {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    sizes = {f: (sizes or {}).get(f, len(d)) for f, d in files.items()}
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
@@ -35,7 +38,7 @@ def serve(root: Path, repo_id: str, commit: str = "c" * 40) -> ThreadingHTTPServ
             path = unquote(urlparse(self.path).path)
             if path.startswith(f"/api/models/{repo_id}/tree/"):
                 tree = [
-                    {"type": "file", "path": f, "size": len(d), "oid": hashlib.sha1(d).hexdigest()}
+                    {"type": "file", "path": f, "size": sizes[f], "oid": hashlib.sha1(d).hexdigest()}
                     for f, d in files.items()
                 ]
                 return self._send(200, json.dumps(tree).encode(), (("Content-Type", "application/json"),))
@@ -48,7 +51,8 @@ def serve(root: Path, repo_id: str, commit: str = "c" * 40) -> ThreadingHTTPServ
                 if name in files:
                     data = files[name]
                     etag = f'"{hashlib.sha256(data).hexdigest()}"'
-                    return self._send(200, data, (("X-Repo-Commit", commit), ("ETag", etag)))
+                    headers = (("X-Repo-Commit", commit), ("ETag", etag), ("X-Linked-Size", str(sizes[name])))
+                    return self._send(200, data, headers)
             self._send(404, b"{}")
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
