@@ -71,7 +71,7 @@ def job_state(job: dict) -> tuple[str, str]:
 
 
 def with_cause(message: str, loader: LoaderStatus) -> str:
-    return f"{message}: {loader.last_error}" if loader.last_error else message
+    return f"{message}; the last attempt failed: {loader.last_error}" if loader.last_error else message
 
 
 def backoff_seconds(config: OperatorConfig, failures: int) -> float:
@@ -105,8 +105,8 @@ def _load_cache(
         if action == "created":
             events.append(("Normal", "LoaderStarted", f"Job {name} loads {uri} into claim {claim}"))
     state, why = job_state(job)
-    if state == "running":
-        return cache, loader, plan, "reloading" if reloading else "loading", why
+    if state == "running":  # a retry says why the last attempt failed until it succeeds
+        return cache, loader, plan, "reloading" if reloading else "loading", with_cause(why, loader)
     if state == "failed":
         uid = job["metadata"].get("uid") or name
         if loader.failed_job_uid != uid:
