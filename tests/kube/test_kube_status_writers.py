@@ -50,8 +50,10 @@ def check_two_writers(kube, ns: str, read: dict, monkeypatch) -> None:
                      cluster=Cluster(kube.api(service_account_kubeconfig(kube))))  # fmt: skip
     posted: list = []
     monkeypatch.setattr(handlers, "_post", lambda body, events: posted.extend(events))  # no kopf loop here
-    with pytest.raises(kopf.TemporaryError, match="409"):
+    with pytest.raises(kopf.TemporaryError, match="409") as conflict:
         handlers._run(memo, stale)
+    # Retried within seconds (jittered), not after kopf's default minute.
+    assert handlers.RETRY_SECONDS[0] <= conflict.value.delay <= handlers.RETRY_SECONDS[1]
     live = kube.get("modelserver", "two", ns)
     assert OTHER["type"] in {c["type"] for c in live["status"]["conditions"]}, "the stale write erased it"
 
@@ -62,3 +64,4 @@ def check_two_writers(kube, ns: str, read: dict, monkeypatch) -> None:
     after = {c["type"]: c for c in kube.get("modelserver", "two", ns)["status"]["conditions"]}
     assert after["Audited"]["message"] == "written meanwhile"
     assert after["Available"]["message"] == "1/1 replicas ready"
+
