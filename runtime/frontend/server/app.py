@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pagoda.runtime.frontend.engine_client import EngineClient
 from pagoda.runtime.frontend.server.api_keys import load_api_keys
+from pagoda.runtime.frontend.server.body import OffLoopBodyRoute
 from pagoda.runtime.frontend.server.embedding_protocol import EmbeddingRequest, EmbeddingResponse
 from pagoda.runtime.frontend.server.errors import APIError, bad_request, error_body, install_error_handlers
 from pagoda.runtime.frontend.server.guard import GuardMiddleware
@@ -43,7 +44,6 @@ from pagoda.runtime.frontend.server.serving_chat import ServingChat, template_me
 from pagoda.runtime.frontend.server.serving_completion import ServingCompletion
 from pagoda.runtime.frontend.server.serving_embedding import ServingEmbedding, check_runner
 from pagoda.runtime.frontend.server.tokenizer_info import tokenizer_info
-from pagoda.runtime.frontend.server.unicode import UnicodeSafeRoute
 
 # Documented on every OpenAI route, so that the OpenAPI schema (and fuzzers reading it) know them.
 ERROR_RESPONSES = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 429, 503)}
@@ -110,7 +110,7 @@ def build_app(client: EngineClient, config: ServerConfig, metrics: ServerMetrics
     app.state.config = config
     app.state.limits = limits
     app.state.renderer = renderer
-    app.router.route_class = UnicodeSafeRoute
+    app.router.route_class = OffLoopBodyRoute
     install_error_handlers(app)
     document_errors_as_served(app)
     app.add_middleware(GuardMiddleware, api_keys=api_keys, max_body_bytes=limits.max_body_bytes)

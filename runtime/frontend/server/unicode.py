@@ -2,20 +2,16 @@
 
 Two ways in: JSON may escape a lone surrogate ("\\ud800"), which json.loads turns into a Python str
 the tokenizers cannot encode; and the raw body may hold bytes that are not UTF-8 at all. The body is
-decoded with errors="surrogateescape", so every invalid byte becomes a lone surrogate too
+decoded with errors="surrogateescape" (body.py), so every invalid byte becomes a lone surrogate too
 (U+DC80..U+DCFF), and one field type, `Text`, refuses lone surrogates wherever a string reaches the
 model. Pydantic then reports the field, as it does for any other bad value.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
-from fastapi import Request, Response
-from fastapi.routing import APIRoute
 from pydantic import AfterValidator
 from pydantic_core import PydanticCustomError
 
@@ -47,22 +43,3 @@ def check_unicode(value: Any) -> Any:
 
 
 Text = Annotated[str, AfterValidator(_valid_unicode)]
-
-
-class _SurrogateEscapeRequest(Request):
-    async def json(self) -> Any:
-        if not hasattr(self, "_json"):
-            self._json = json.loads((await self.body()).decode("utf-8", "surrogateescape"))
-        return self._json
-
-
-class UnicodeSafeRoute(APIRoute):
-    """A route whose JSON body is decoded with surrogateescape (see the module's docstring)."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def route(request: Request) -> Response:
-            return await handler(_SurrogateEscapeRequest(request.scope, request.receive))
-
-        return route
