@@ -25,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic_core import from_json
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 
 
 def parse_json(body: bytes) -> Any:
@@ -61,7 +62,10 @@ class OffLoopBodyRoute(APIRoute):
         handler = super().get_route_handler()
         field = self.body_field
 
-        def parse_and_validate(body: bytes) -> Any:
+        def parse_and_validate(chunks: list[bytes]) -> tuple[bytes, Any]:
+            body = b"".join(chunks)  # a big join releases the GIL, so it too is off the loop's way
+            if not body:
+                return body, None
             try:
                 data = parse_json(body)
             except json.JSONDecodeError as e:  # the error FastAPI itself would raise
@@ -71,15 +75,22 @@ class OffLoopBodyRoute(APIRoute):
             value, errors = field.validate(data, {}, loc=("body",))
             if errors:
                 raise RequestValidationError(errors, body=data)
-            return value
+            return body, value
 
         async def route(request: Request) -> Response:
             request = _ParsedRequest(request.scope, request.receive)
             # Only single-model JSON bodies (every POST route here); anything else is FastAPI's as before.
             if field is not None and not self._embed_body_fields and is_json(request):
-                body = await request.body()  # the bounded reader: a 413 past the body limit
-                if body:
-                    request._json = await run_in_threadpool(parse_and_validate, body)
+                try:
+                    chunks = [chunk async for chunk in request.stream()]  # bounded: a 413 past the body limit
+                except HTTPException:
+                    raise
+                except Exception as e:  # a client gone mid-body: FastAPI's answer
+                    raise HTTPException(400, "There was an error parsing the body") from e
+                # Starlette's Request keeps the body and its JSON in these, and FastAPI reads them from there.
+                request._body, value = await run_in_threadpool(parse_and_validate, chunks)
+                if request._body:
+                    request._json = value
             return await handler(request)
 
         return route
