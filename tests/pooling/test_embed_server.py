@@ -101,7 +101,13 @@ def test_normalize_and_truncation_fields(mean_server, st_mean, hf_embed):
     ({"input": "x", "dimensions": 0}, "dimensions", ""),
     ({"input": "x", "encoding_format": "int8"}, "encoding_format", ""),
     ({"input": "x", "truncate_prompt_tokens": 65}, "truncate_prompt_tokens", "greater than max_model_len"),
-    ({"input": "x", "messages": [{"role": "user", "content": "x"}]}, "messages", "not supported"),
+    ({"input": "x", "messages": [{"role": "user", "content": "x"}]}, "input", "exactly one of input or messages"),
+    ({}, "input", "exactly one of input or messages"),
+    ({"messages": []}, "messages", "must not be empty"),
+    ({"messages": [{"role": "user", "content": "x"}], "chat_template": "{{ 1 }}"}, "chat_template",
+     "--trust-request-chat-template"),
+    ({"messages": [{"role": "user", "content": "x" * 30}] * 3}, "messages", "maximum context length is 64"),
+    ({"input": "x", "embed_dtype": "float16"}, "embed_dtype", "not supported"),
 ])
 def test_bad_input_is_a_400_in_openai_shape(mean_server, body, param, message):
     reply = httpx.post(f"{mean_server.v1}/embeddings", json=body)
@@ -109,6 +115,29 @@ def test_bad_input_is_a_400_in_openai_shape(mean_server, body, param, message):
     error = reply.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param
     assert message in error["message"]
+
+
+def test_chat_style_messages_embed_their_rendered_conversation(mean_server, st_mean, hf_embed):
+    """vLLM's chat embedding request: the conversation through the chat template (no generation
+    prompt unless asked), tokenized without extra special tokens, then pooled as any input."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(st_mean)
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "def parse(text):"}]
+    def reference(generation_prompt: bool) -> list[int]:
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        return tok(text, add_special_tokens=False).input_ids
+
+    def embed(**extra) -> dict:
+        return httpx.post(f"{mean_server.v1}/embeddings",
+                          json={"messages": messages, "encoding_format": "float", **extra}).json()
+
+    for body, ids in ((embed(), reference(False)), (embed(add_generation_prompt=True), reference(True)),
+                      (embed(truncate_prompt_tokens=5), reference(False)[-5:])):
+        assert body["usage"]["prompt_tokens"] == len(ids)
+        assert torch.allclose(torch.tensor(body["data"][0]["embedding"]), hf_embed.embed(st_mean, ids, "MEAN"),
+                              atol=TOL, rtol=0)
+    assert reference(True) != reference(False)
 
 
 def test_the_sdk_sees_errors_as_its_exceptions(mean_server):

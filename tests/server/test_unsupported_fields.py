@@ -39,8 +39,6 @@ def test_every_unimplemented_field_is_a_400_naming_it(oai, route):
             continue
         body = _refused(oai, route, {name: {"on": 12345}})
         assert body["param"] == name and "not supported" in body["message"], body
-    body = _refused(oai, route, {"add_special_tokens": route == "chat"})  # the opposite of each default
-    assert body["param"] == "add_special_tokens"
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -54,7 +52,7 @@ def test_unknown_fields_are_400s(oai, route):
 def test_values_that_ask_for_nothing_are_accepted(oai, route):
     harmless = {"use_beam_search": False, "length_penalty": 1, "priority": 0, "service_tier": "auto",
                 "store": False, "metadata": None, "spaces_between_special_tokens": True,
-                "add_special_tokens": route == "completions", "return_token_ids": False}
+                "return_token_ids": False}
     assert ROUTES[route](oai, harmless).usage.completion_tokens >= 1
 
 

@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pagoda.runtime.frontend.engine_client import EngineClient
 from pagoda.runtime.frontend.server.api_keys import load_api_keys
 from pagoda.runtime.frontend.server.body import OffLoopBodyRoute
+from pagoda.runtime.frontend.server.chat_template_request import chat_render
 from pagoda.runtime.frontend.server.embedding_protocol import EmbeddingRequest, EmbeddingResponse
 from pagoda.runtime.frontend.server.errors import APIError, bad_request, error_body, install_error_handlers
 from pagoda.runtime.frontend.server.guard import GuardMiddleware
@@ -49,6 +50,8 @@ from pagoda.runtime.frontend.server.tokenizer_info import tokenizer_info
 ERROR_RESPONSES = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 429, 503)}
 SSE = {"text/event-stream": {"schema": {"type": "string", "description": "with stream=true: server-sent "
                                         "events of chunks, then `data: [DONE]`"}}}
+# /tokenize's fields for messages; with a prompt they would change nothing, so they are refused.
+CHAT_ONLY_FIELDS = ("tools", "documents", "chat_template", "chat_template_kwargs", "continue_final_message")
 RANDOM_WEIGHTS_NOTE = ("This checkpoint has RANDOM weights: its output is meaningless text. It exists to "
                        "show the API working end to end.")
 
@@ -180,11 +183,17 @@ def build_app(client: EngineClient, config: ServerConfig, metrics: ServerMetrics
         if req.messages is not None:
             if not req.messages:
                 raise bad_request("messages must not be empty", param="messages")
-            _, ids = await renderer.encode_chat([template_message(m) for m in req.messages],
-                                               req.add_generation_prompt)
+            tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+            render = chat_render(req, tools=tools, trust_request_template=config.trust_request_chat_template,
+                                 add_special_tokens=bool(req.add_special_tokens))
+            _, ids = await renderer.encode_chat([template_message(m) for m in req.messages], render)
         else:
-            ids = await renderer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
-        return TokenizeResponse(tokens=list(ids), count=len(ids), max_model_len=client.max_model_len)
+            for name in CHAT_ONLY_FIELDS:
+                if getattr(req, name):
+                    raise bad_request(f"{name} applies to messages, not to a prompt", param=name)
+            ids = await renderer.encode(req.prompt, add_special_tokens=req.add_special_tokens is not False)
+        strs = client.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
+        return TokenizeResponse(tokens=list(ids), count=len(ids), max_model_len=client.max_model_len, token_strs=strs)
 
     @app.post("/detokenize", response_model=DetokenizeResponse, responses=ERROR_RESPONSES)
     async def detokenize(req: DetokenizeRequest):

@@ -43,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         help="put the <think>...</think> part of answers in reasoning_content")
     server.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
                         help="serve GET /tokenizer_info: the tokenizer's config, special tokens and chat template")
+    server.add_argument("--trust-request-chat-template", action="store_true",
+                        help="let a request bring its own chat_template (a Jinja program run on the tokenizer's "
+                             "thread; refused by default, as in vLLM)")
     server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"],
                         help="log level for pagoda and uvicorn (default: info)")
     server.add_argument("--shutdown-timeout", type=float, default=None, metavar="SECONDS",
@@ -122,6 +125,7 @@ def build_server(args):
         tool_call_parser=getattr(args, "tool_call_parser", None),
         reasoning_parser=getattr(args, "reasoning_parser", None),
         enable_tokenizer_info_endpoint=getattr(args, "enable_tokenizer_info_endpoint", False),
+        trust_request_chat_template=getattr(args, "trust_request_chat_template", False),
     )
     return build_app(client, config, limits=limits.from_args(args))
 

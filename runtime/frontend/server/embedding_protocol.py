@@ -7,26 +7,34 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pagoda.runtime.frontend.server.protocol import TokenId, UsageInfo, _Request
+from pagoda.runtime.frontend.server.chat_template_request import ChatTemplateFields
+from pagoda.runtime.frontend.server.protocol import ChatMessage, TokenId, UsageInfo, _Request
 from pagoda.runtime.frontend.server.unicode import Text
 
 # vLLM's embedding fields that Pagoda does not implement: a 400 names them, never a silent 200.
-UNSUPPORTED_FIELDS = ("messages", "embed_dtype", "endianness", "mm_processor_kwargs", "chat_template")
+UNSUPPORTED_FIELDS = ("embed_dtype", "endianness", "mm_processor_kwargs")
 
 
-class EmbeddingRequest(_Request):
+class EmbeddingRequest(_Request, ChatTemplateFields):
+    """OpenAI's `input`, or vLLM's chat-style `messages` (one conversation, through the chat template)."""
+
     # Extra fields are kept so that the unsupported ones can be refused by name; others are ignored.
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: Text | None = None
-    input: Text | list[Text] | list[TokenId] | list[list[TokenId]]
+    input: Text | list[Text] | list[TokenId] | list[list[TokenId]] | None = None
+    messages: list[ChatMessage] | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1, description="Only for matryoshka models.")
     user: Text | None = None  # accepted and ignored, as OpenAI's own
     # vLLM's extras.
     truncate_prompt_tokens: int | None = Field(None, ge=-1, description="Keep the input's last k tokens "
                                                "(-1: the last max_model_len).")
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = Field(None, description="Default: true for input, false for messages "
+                                            "(their template writes the special tokens).")
+    # With messages (vLLM's EmbeddingChatRequest): no generation prompt by default.
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
     normalize: bool | None = Field(None, description="L2-normalize (default: the model's pooler config).")
 
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from pagoda.runtime.frontend.server import unsupported
+from pagoda.runtime.frontend.server.chat_template_request import ChatTemplateFields
 from pagoda.runtime.frontend.server.unicode import Text, check_unicode
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -84,7 +85,6 @@ class SamplingFields(_Request):
     (server/unsupported.py), so the schema allows no others."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    NO_OPS: ClassVar[dict[str, tuple]] = {}
 
     model: Text | None = None
     n: int = Field(1, ge=1, le=MAX_N)
@@ -126,7 +126,7 @@ class SamplingFields(_Request):
     @model_validator(mode="before")
     @classmethod
     def _refuse_unimplemented_fields(cls, data):
-        return unsupported.refuse_unimplemented(cls, data, cls.NO_OPS)
+        return unsupported.refuse_unimplemented(cls, data)
 
     def _max_tokens(self) -> int | None:
         return getattr(self, "max_tokens", None)
@@ -155,7 +155,7 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     best_of: int | None = Field(None, ge=1, le=MAX_N)
     suffix: Text | None = None
-    NO_OPS: ClassVar[dict[str, tuple]] = unsupported.COMPLETION_NO_OPS
+    add_special_tokens: bool = Field(True, description="Add the tokenizer's special tokens (BOS, say) to a text prompt.")
 
     @property
     def scores_prompt(self) -> bool:
@@ -216,7 +216,7 @@ class NamedToolChoice(_Request):
     function: NamedToolChoiceFunction
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="Deprecated by OpenAI.")
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
@@ -225,10 +225,11 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ChatTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = True
-    # vLLM's chat extras.
+    # vLLM's chat extras (and ChatTemplateFields').
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    NO_OPS: ClassVar[dict[str, tuple]] = unsupported.CHAT_NO_OPS
+    add_special_tokens: bool = Field(False, description="Add the tokenizer's special tokens on top of the "
+                                     "template's (most templates write them already).")
 
     def _max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -365,21 +366,39 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
-class TokenizeRequest(_Request):
+class _ClosedRequest(_Request):
+    """A request that refuses fields it does not declare, as the generation routes do."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unknown_fields(cls, data):
+        return unsupported.refuse_unimplemented(cls, data, known={})
+
+
+class TokenizeRequest(_ClosedRequest, ChatTemplateFields):
+    """vLLM's two tokenize requests in one: a `prompt`, or chat `messages` (with the chat fields)."""
+
     model: Text | None = None
     prompt: Text | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
+    tools: list[ChatTool] | None = None
+    add_special_tokens: bool | None = Field(None, description="Default: true for a prompt, false for messages "
+                                            "(their template writes the special tokens).")
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    return_token_strs: bool | None = Field(False, description="Also return each token as the vocabulary spells it.")
 
 
 class TokenizeResponse(BaseModel):
     tokens: list[int]
     count: int
     max_model_len: int
+    token_strs: list[str] | None = None
 
 
-class DetokenizeRequest(_Request):
+class DetokenizeRequest(_ClosedRequest):
     model: Text | None = None
     tokens: list[TokenId]
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
+from pagoda.runtime.frontend.server.chat_template_request import ChatRender
 from pagoda.runtime.frontend.server.errors import bad_request
 
 
@@ -58,16 +59,15 @@ class PromptRenderer:
             self.check_chars(text, what)
         return await self._run(lambda: [self._encode(t, add_special_tokens) for t in texts])
 
-    async def render_chat(self, conversation: list[dict], add_generation_prompt: bool = True,
-                          continue_final_message: bool = False, tools: list[dict] | None = None) -> str:
-        return await self._run(self._render, conversation, add_generation_prompt, continue_final_message, tools)
+    async def render_chat(self, conversation: list[dict], render: ChatRender = ChatRender()) -> str:
+        return await self._run(self._render, conversation, render)
 
-    async def encode_chat(self, conversation: list[dict], add_generation_prompt: bool = True,
-                          continue_final_message: bool = False,
-                          tools: list[dict] | None = None) -> tuple[str, list[int]]:
-        """The rendered conversation and its ids. The template adds its own special tokens."""
-        text = await self.render_chat(conversation, add_generation_prompt, continue_final_message, tools)
-        return text, await self.encode(text, add_special_tokens=False, what="messages")
+    async def encode_chat(self, conversation: list[dict],
+                          render: ChatRender = ChatRender()) -> tuple[str, list[int]]:
+        """The rendered conversation and its ids. The template writes its own special tokens; the
+        tokenizer adds its own on top only when asked (add_special_tokens)."""
+        text = await self.render_chat(conversation, render)
+        return text, await self.encode(text, add_special_tokens=render.add_special_tokens, what="messages")
 
     async def decode(self, token_ids: list[int]) -> str:
         return await self._run(self.tokenizer.decode, token_ids)
@@ -80,14 +80,17 @@ class PromptRenderer:
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
 
-    def _render(self, conversation: list[dict], add_generation_prompt: bool, continue_final_message: bool,
-                tools: list[dict] | None) -> str:
-        if continue_final_message and (add_generation_prompt or conversation[-1]["role"] != "assistant"):
+    def _render(self, conversation: list[dict], render: ChatRender) -> str:
+        if render.continue_final_message and (render.add_generation_prompt
+                                              or conversation[-1]["role"] != "assistant"):
             raise bad_request("continue_final_message needs a final assistant message and "
                               "add_generation_prompt false", param="continue_final_message")
         try:
             return self.tokenizer.apply_chat_template(
-                conversation, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message, chat_template=self.chat_template)
+                conversation, tools=render.tools, documents=render.documents, tokenize=False,
+                add_generation_prompt=render.add_generation_prompt,
+                continue_final_message=render.continue_final_message,
+                chat_template=render.template or self.chat_template, **render.variables)
         except Exception as exc:  # jinja errors, or a tokenizer without a template
-            raise bad_request(f"could not apply the chat template: {exc}", param="messages") from None
+            param = "chat_template" if render.template is not None else "messages"
+            raise bad_request(f"could not apply the chat template: {exc}", param=param) from None

@@ -38,6 +38,7 @@ class ServerConfig:
     tool_call_parser: str | None = None  # hermes, llama3_json, mistral
     reasoning_parser: str | None = None  # deepseek_r1, qwen3
     enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info (off by default, as in vLLM)
+    trust_request_chat_template: bool = False  # a request's own chat_template (chat_template_request.py)
 
 
 class OpenAIServing:

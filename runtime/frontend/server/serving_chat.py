@@ -11,6 +11,7 @@ from fastapi import Request
 from pagoda.runtime.frontend.engine_client import EngineDeadError
 from pagoda.runtime.frontend.reasoning import ReasoningParser
 from pagoda.runtime.frontend.server.chat_output import MessageParser, StreamDiffer, tool_call_dicts
+from pagoda.runtime.frontend.server.chat_template_request import chat_render
 from pagoda.runtime.frontend.server.errors import bad_request
 from pagoda.runtime.frontend.server.logprobs import ChoiceState, chat_logprobs
 from pagoda.runtime.frontend.server.protocol import (
@@ -41,8 +42,8 @@ class ServingChat(OpenAIServing):
         model = self.check_model(req.model)
         choice = resolve_tool_choice(req, self.config.enable_auto_tool_choice and self.tool_parser is not None)
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-        prompt, ids = await self.renderer.encode_chat([template_message(m) for m in req.messages],
-                                                      req.add_generation_prompt, req.continue_final_message, tools)
+        render = chat_render(req, tools=tools, trust_request_template=self.config.trust_request_chat_template)
+        prompt, ids = await self.renderer.encode_chat([template_message(m) for m in req.messages], render)
         kept = self.truncate(req, ids)
         if len(kept) != len(ids):
             prompt, ids = None, kept

@@ -57,14 +57,14 @@ class ServingCompletion(OpenAIServing):
         """(text, ids) of each prompt, truncated as asked; a truncated prompt's text is its kept ids'."""
         prompt = req.prompt
         if isinstance(prompt, str):
-            prompts = [(prompt, await self.renderer.encode(prompt))]
+            prompts = [(prompt, await self.renderer.encode(prompt, req.add_special_tokens))]
         elif not prompt:
             raise bad_request("prompt must not be an empty list", param="prompt")
         elif isinstance(prompt[0], int):
             self.check_token_ids(prompt)
             prompts = [(None, list(prompt))]
         elif isinstance(prompt[0], str):
-            prompts = list(zip(prompt, await self.renderer.encode_many(prompt), strict=True))
+            prompts = list(zip(prompt, await self.renderer.encode_many(prompt, req.add_special_tokens), strict=True))
         else:
             for ids in prompt:
                 self.check_token_ids(ids)

@@ -14,6 +14,7 @@ import base64
 import numpy as np
 from fastapi import Request
 
+from pagoda.runtime.frontend.server.chat_template_request import chat_render
 from pagoda.runtime.frontend.server.embedding_protocol import (
     UNSUPPORTED_FIELDS,
     EmbeddingData,
@@ -23,6 +24,7 @@ from pagoda.runtime.frontend.server.embedding_protocol import (
 from pagoda.runtime.frontend.server.errors import bad_request
 from pagoda.runtime.frontend.server.protocol import UsageInfo, random_id
 from pagoda.runtime.frontend.server.serving import OpenAIServing
+from pagoda.runtime.frontend.server.serving_chat import template_message
 from pagoda.runtime.pooling_config import matryoshka_dimensions
 from pagoda.runtime.pooling_params import PoolingParams
 
@@ -66,6 +68,10 @@ class ServingEmbedding(OpenAIServing):
         return dimensions
 
     async def _inputs(self, req: EmbeddingRequest, max_inputs: int) -> list[tuple[str | None, list[int]]]:
+        if (req.input is None) == (req.messages is None):
+            raise bad_request("give exactly one of input or messages", param="input")
+        if req.messages is not None:
+            return [await self._conversation(req)]
         value = req.input
         if isinstance(value, str) or (value and isinstance(value[0], int)):
             value = [value]
@@ -74,18 +80,16 @@ class ServingEmbedding(OpenAIServing):
         if len(value) > max_inputs:
             raise bad_request(f"input holds {len(value)} inputs; this server takes at most {max_inputs} in one "
                               "request", param="input", code="too_many_prompts")
-        limit = self.max_model_len
         truncate = req.truncate_prompt_tokens
-        if truncate is not None and truncate > limit:
-            raise bad_request(f"truncate_prompt_tokens value ({truncate}) is greater than max_model_len ({limit}). "
-                              "Please, select a smaller truncation size.", param="truncate_prompt_tokens")
+        self._check_truncation(truncate)
         if isinstance(value[0], str):
             if any(not text for text in value):
                 raise bad_request("input must not contain an empty string", param="input")
+            special = req.add_special_tokens is not False
             if truncate is None:
-                ids = await self.renderer.encode_many(value, req.add_special_tokens, what="input")
+                ids = await self.renderer.encode_many(value, special, what="input")
             else:  # a long text may be cut to fit: tokenized whole (on the tokenizer's thread), then cut
-                ids = await self.renderer._run(lambda: [self.renderer._encode(t, req.add_special_tokens) for t in value])
+                ids = await self.renderer._run(lambda: [self.renderer._encode(t, special) for t in value])
             prompts = list(zip(value, ids, strict=True))
         else:
             prompts = [(None, list(ids)) for ids in value]
@@ -93,6 +97,32 @@ class ServingEmbedding(OpenAIServing):
             if not ids:
                 raise bad_request("input must not contain an empty list of token ids", param="input")
             self.check_token_ids(ids, param="input")
+        return self._fit(prompts, truncate)
+
+    async def _conversation(self, req: EmbeddingRequest) -> tuple[str, list[int]]:
+        """vLLM's chat-style embedding request: the conversation rendered by the chat template."""
+        if not req.messages:
+            raise bad_request("messages must not be empty", param="messages")
+        self._check_truncation(req.truncate_prompt_tokens)
+        render = chat_render(req, trust_request_template=self.config.trust_request_chat_template,
+                             add_special_tokens=bool(req.add_special_tokens))
+        if req.truncate_prompt_tokens is None:
+            text, ids = await self.renderer.encode_chat([template_message(m) for m in req.messages], render)
+        else:  # tokenized whole, then cut, as a truncated text input is
+            text = await self.renderer.render_chat([template_message(m) for m in req.messages], render)
+            ids = await self.renderer._run(self.renderer._encode, text, render.add_special_tokens)
+        (prompt,) = self._fit([(text, ids)], req.truncate_prompt_tokens, param="messages")
+        return prompt
+
+    def _check_truncation(self, truncate: int | None) -> None:
+        if truncate is not None and truncate > self.max_model_len:
+            raise bad_request(f"truncate_prompt_tokens value ({truncate}) is greater than max_model_len "
+                              f"({self.max_model_len}). Please, select a smaller truncation size.",
+                              param="truncate_prompt_tokens")
+
+    def _fit(self, prompts: list[tuple[str | None, list[int]]], truncate: int | None, param: str = "input"):
+        """Each prompt cut as truncate_prompt_tokens asks, then held to the context length."""
+        limit = self.max_model_len
         if truncate is not None:
             keep = limit if truncate == -1 else truncate
             prompts = [(text, ids[-keep:] if keep else []) for text, ids in prompts]
@@ -102,7 +132,7 @@ class ServingEmbedding(OpenAIServing):
             if len(ids) > limit:
                 raise bad_request(f"This model's maximum context length is {limit} tokens. However, you requested "
                                   f"{len(ids)} tokens in the input for embedding generation. Please reduce the "
-                                  "length of the input.", param="input", code="context_length_exceeded")
+                                  "length of the input.", param=param, code="context_length_exceeded")
         return prompts
 
 

@@ -40,9 +40,6 @@ NOT_IMPLEMENTED: dict[str, tuple] = {
     "logits_processors": ANY,
     "mm_processor_kwargs": ANY,
     "media_io_kwargs": ANY,
-    "documents": ANY,
-    "chat_template": ANY,
-    "chat_template_kwargs": ANY,
     "include_reasoning": (True,),
     "echo": (False,),  # chat's (prepend the last message); completions implement theirs
     # OpenAI's
@@ -61,13 +58,10 @@ NOT_IMPLEMENTED: dict[str, tuple] = {
     "safety_identifier": ANY,
 }
 
-# Per endpoint, where "off" differs: a completion adds special tokens by default, a chat does not.
-COMPLETION_NO_OPS = {"add_special_tokens": (True,)}
-CHAT_NO_OPS = {"add_special_tokens": (False,)}
 
-
-def refuse_unimplemented(model, data, no_ops: dict[str, tuple]):
-    """A mode="before" validator's body: drop the no-op values of known fields, refuse the rest."""
+def refuse_unimplemented(model, data, known: dict[str, tuple] = NOT_IMPLEMENTED):
+    """A mode="before" validator's body: drop the no-op values of known fields, refuse the rest.
+    `known` is the table of fields that are known but not implemented ({}: every undeclared field is unknown)."""
     if not isinstance(data, dict):
         return data
     fields = model.model_fields
@@ -77,7 +71,7 @@ def refuse_unimplemented(model, data, no_ops: dict[str, tuple]):
         return data
     data = dict(data)
     for key in extra:
-        harmless = no_ops.get(key, NOT_IMPLEMENTED.get(key))
+        harmless = known.get(key)
         if harmless is None:
             # The name may itself be invalid Unicode (lone surrogates): escape it, or the 400 cannot be encoded.
             name = str(key).encode("utf-8", "backslashreplace").decode()
