@@ -203,8 +203,9 @@ async def test_64_concurrent_streaming_clients(cycle_server, cycle_model, hf_cyc
     # Whole characters as prompts: "x", "€" (three byte tokens) and each of "pqrst".
     starts = [cycle_model.euro[:1], cycle_model.euro[1:]] + [[t] for t in cycle_model.letters]
     jobs = [(starts[i % len(starts)], 8 + i % 9) for i in range(64)]
-    want = {job_key: hf_cycle.text(hf_cycle.greedy(list(job_key[0]), job_key[1]))
-            for job_key in {(tuple(p), m) for p, m in jobs}}
+    # Greedy decoding of m tokens is the first m of a longer greedy run: one reference per prompt.
+    longest = {tuple(p): hf_cycle.greedy(list(p), max(m for _, m in jobs)) for p in starts}
+    want = {(tuple(p), m): hf_cycle.text(longest[tuple(p)][:m]) for p, m in jobs}
 
     async def one(prompt, max_tokens):
         stream = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens,

@@ -115,13 +115,13 @@ def test_grammar_end_stops_even_with_ignore_eos(llm):
     assert len(c.token_ids) < 60
 
 
-def test_preemption_and_prefix_cache_keep_the_grammar(tiny_llama):
+def test_preemption_and_prefix_cache_keep_the_grammar(llm, tiny_llama):
     """A pool too small for the batch preempts requests mid-grammar: recomputed, their matchers
     continue from the tokens they kept, and greedy outputs equal a roomy run's."""
     so = _so(json=PERSON, disable_any_whitespace=True)
     prompts = [f"prompt number {i} " * 6 for i in range(6)]
     params = SamplingParams(temperature=0, max_tokens=120, structured_outputs=so)
-    roomy = LLM(tiny_llama, device="cpu", max_model_len=512, block_size=8)
+    roomy = llm  # the module's engine: its pool holds the whole batch
     want = [o.outputs[0].text for o in _run(roomy, prompts, params)]
     again = _run(roomy, prompts, params)  # every prompt's blocks are cached now
     assert [o.outputs[0].text for o in again] == want
