@@ -13,8 +13,8 @@ transformers and copied into Pagoda's model:
    in the same run): top-1 agreement within BF16_TOP1_SLACK of it and a mean logit error at most
    BF16_ERROR_RATIO times it.
 2. Greedy generation through the continuous-batching engine, in bf16 and in fp32: CUDA graphs
-   replayed, the same padded batches run eagerly (must match bit for bit: same kernels, same
-   shapes), and the true eager path of --enforce-eager (unpadded; different split counts and GEMM
+   replayed (decode graphs, and the piecewise graphs of mixed steps), the same padded batches run
+   eagerly (must match bit for bit: same kernels, same shapes), and the true eager path of --enforce-eager (unpadded; different split counts and GEMM
    shapes). A change of token against --enforce-eager is accepted only where the eager run's
    top-2 margin at the first divergent token is within rounding noise: in bf16, below the largest
    logit error that bf16 alone causes in transformers (measured above); in fp32, below FP32_TIE.
@@ -165,17 +165,23 @@ def graphs_vs_eager(llm, vocab: int) -> dict:
     params = [SamplingParams(temperature=0, max_tokens=rng.randint(8, 40), ignore_eos=True, logprobs=2)
               for _ in prompts]
     runner = llm.llm_engine.runner
-    graphs = runner.graphs
+    graphs, mixed = runner.graphs, runner.mixed_graphs
     t0 = time.perf_counter()
     replayed = generate(llm, prompts, params)
     t_graphs = time.perf_counter() - t0
-    captured, graphs.graphs = graphs.graphs, {}  # the same padded batches, run eagerly
+    # The same padded batches (decode buckets and mixed-step token buckets), run eagerly.
+    captured, graphs.graphs = graphs.graphs, {}
+    pieces = {}
+    if mixed is not None:
+        pieces, mixed.pieces = mixed.pieces, {}
     padded = generate(llm, prompts, params)
     graphs.graphs, runner.graphs = captured, None  # --enforce-eager's path: no padding either
+    if mixed is not None:
+        mixed.pieces, runner.mixed_graphs = pieces, None
     t0 = time.perf_counter()
     eager = generate(llm, prompts, params)
     t_eager = time.perf_counter() - t0
-    runner.graphs = graphs
+    runner.graphs, runner.mixed_graphs = graphs, mixed
     divergences = []
     for i, (a, c) in enumerate(zip(replayed, eager)):
         if a.token_ids != c.token_ids:
@@ -187,6 +193,7 @@ def graphs_vs_eager(llm, vocab: int) -> dict:
         "prompts": len(prompts),
         "output_tokens": tokens,
         "graph_sizes": runner.graph_sizes,
+        "mixed_graph_buckets": len(pieces),
         "padded_eager_identical": sum(a.token_ids == b.token_ids for a, b in zip(replayed, padded)),
         "eager_identical": len(prompts) - len(divergences),
         "eager_divergences": divergences,

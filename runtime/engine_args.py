@@ -20,6 +20,8 @@ LOAD_FORMATS = ("auto", "safetensors", "dummy")
 RUNNERS = ("auto", "generate", "pooling")  # pagoda.runtime.pooling_config reads them too
 QUANTIZATIONS = ("fp8",)  # --quantization (vLLM's name); a checkpoint's own quantization_config is read anyway
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # fp8 is e4m3, as in vLLM
+# vLLM's cudagraph modes that Pagoda has: full graphs for decode steps, piecewise ones for mixed steps
+CUDAGRAPH_MODES = ("NONE", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 
 
 def human_int(value: str) -> int:
@@ -97,6 +99,15 @@ class EngineArgs:
                                        "byte, per-tensor k/v scales from the checkpoint, else 1.0)", type=str,
                                choices=KV_CACHE_DTYPES)
     enforce_eager: bool = knob(False, "do not capture CUDA graphs", type=bool)
+    cudagraph_mode: str = knob("FULL_AND_PIECEWISE", "FULL_AND_PIECEWISE: decode steps replay full CUDA graphs "
+                                                     "and mixed prefill+decode steps piecewise ones (attention "
+                                                     "eager between them); FULL_DECODE_ONLY: mixed steps run "
+                                                     "eagerly; NONE: no graphs (as --enforce-eager)", type=str,
+                               choices=CUDAGRAPH_MODES, flag="--compilation-config.cudagraph_mode",
+                               aliases=("--cudagraph-mode",))
+    max_mixed_graph_tokens: int = knob(512, "largest mixed step, in tokens, that replays piecewise CUDA graphs "
+                                            "(token buckets of 8 up to 256, then 16); larger steps are "
+                                            "compute-bound and run eagerly", type=human_int)
     served_model_name: list[str] | None = knob(None, "model name(s) the API accepts and reports (default: "
                                                      "the model argument)", type=str, nargs="+", metavar="NAME")
     chat_template: str | None = knob(None, "a Jinja chat template, or a file holding one (default: the "

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from pagoda.kernels import ops
-from pagoda.runtime.worker.attention_context import get_context
+from pagoda.runtime.worker.attention_context import get_context, get_splitter
 
 
 class Attention(nn.Module):
@@ -37,15 +37,33 @@ class Attention(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
     ) -> torch.Tensor:
         """q and k arrive unrotated: one kernel rotates them and writes the cache (on the GPU)."""
-        ctx = get_context()
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
+        splitter = get_splitter()
+        if splitter is not None:  # capturing mixed-step graphs: attention runs between them
+            return splitter.split(self, q, k, v, positions, cos_sin_cache)
+        return self.attend(q, k, v, positions, cos_sin_cache)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+               cos_sin_cache: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rotate, write the cache and attend over the context's sequences. q, k, v: [rows, heads,
+        head_dim]. out ([rows, heads * head_dim]) receives the result when given. Rows past
+        ctx.num_tokens are padding outside every sequence: they are neither written nor attended,
+        and their output rows are zeros (or what `out` held)."""
+        ctx = get_context()
+        rows = q.shape[0]
+        n = rows if ctx.num_tokens is None else ctx.num_tokens
+        if out is None:
+            out = (torch.empty if n == rows else torch.zeros)(rows, self.num_heads * self.head_dim, dtype=q.dtype,
+                                                              device=q.device)
+        if n < rows:
+            q, k, v, positions = q[:n], k[:n], v[:n], positions[:n]
         # the scales belong to an FP8 cache only; a bf16/fp32 cache holds k and v as they are
         k_scale, v_scale = (self.k_scale, self.v_scale) if self.k_cache.dtype == torch.float8_e4m3fn else (1.0, 1.0)
-        q = ops.rotary_kv_cache(positions, q, k, v, cos_sin_cache, self.k_cache, self.v_cache, ctx.slot_mapping,
-                                k_scale, v_scale)
-        out = ops.paged_attention(
+        q = ops.rotary_kv_cache(positions, q, k, v, cos_sin_cache, self.k_cache, self.v_cache,
+                                ctx.slot_mapping[:n], k_scale, v_scale)
+        result = ops.paged_attention(
             q,
             self.k_cache,
             self.v_cache,
@@ -60,5 +78,8 @@ class Attention(nn.Module):
             max_query_len=ctx.max_query_len,
             max_seq_len=ctx.max_seq_len,
             num_decode_seqs=ctx.num_decode_seqs,
+            out=out[:n].view(n, self.num_heads, self.head_dim),
         )
-        return out.reshape(-1, self.num_heads * self.head_dim)
+        if result.data_ptr() != out.data_ptr():  # the CPU reference returns a tensor of its own
+            out[:n] = result.reshape(n, -1)
+        return out

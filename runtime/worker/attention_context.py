@@ -1,7 +1,10 @@
-"""The one piece of global state in the model: the current batch's attention metadata.
+"""The global state of a forward pass: the current batch's attention metadata, and a graph splitter.
 
-The model runner sets it around each forward pass; attention layers read it. Model code therefore
-keeps the plain signatures of the paper (hidden states in, hidden states out).
+The model runner sets the context around each forward pass; attention layers read it. Model code
+therefore keeps the plain signatures of the paper (hidden states in, hidden states out). While
+mixed-step graphs are captured (worker/piecewise_graphs.py), a splitter is set as well: each
+attention layer hands its inputs to it instead of attending, so the dense code between two
+attention layers becomes one graph.
 """
 
 from __future__ import annotations
@@ -22,9 +25,13 @@ class AttentionContext:
     max_seq_len: int
     # The first num_decode_seqs sequences have one query row each (mixed steps put them first).
     num_decode_seqs: int = 0
+    # Set when the batch carries padding rows after the last sequence (a mixed step padded to a
+    # graph bucket): the rows attention reads and writes. None: every row belongs to a sequence.
+    num_tokens: int | None = None
 
 
 _context: AttentionContext | None = None
+_splitter = None  # a piecewise_graphs.GraphSplitter while mixed-step graphs are captured
 
 
 def get_context() -> AttentionContext:
@@ -41,3 +48,17 @@ def attention_context(ctx: AttentionContext):
         yield ctx
     finally:
         _context = previous
+
+
+def get_splitter():
+    return _splitter
+
+
+@contextmanager
+def graph_splitter(splitter):
+    global _splitter
+    previous, _splitter = _splitter, splitter
+    try:
+        yield splitter
+    finally:
+        _splitter = previous

@@ -65,7 +65,9 @@ class LocalExecutor(Executor):
 def runner_options(args) -> dict:
     """The ModelRunner keywords that come from EngineArgs (max_num_seqs already resolved)."""
     return dict(load_format=args.load_format, seed=args.seed, max_num_seqs=args.max_num_seqs,
-                enforce_eager=args.enforce_eager, enable_gemv=args.enable_gemv,
+                enforce_eager=args.enforce_eager or args.cudagraph_mode == "NONE",
+                mixed_step_graphs=args.cudagraph_mode == "FULL_AND_PIECEWISE",
+                max_mixed_graph_tokens=args.max_mixed_graph_tokens, enable_gemv=args.enable_gemv,
                 fused_rope_kv=args.fused_rope_kv, quantization=args.quantization,
                 kv_cache_dtype=args.kv_cache_dtype)
 
@@ -80,4 +82,7 @@ def build_executor(cfg: ModelConfig, device: torch.device, args, max_num_batched
     options = runner_options(args) | {"max_num_batched_tokens": max_num_batched_tokens, "pooling_type": pooling_type}
     if tp_size == 1:
         return LocalExecutor(ModelRunner(cfg, device, **options))
+    # Tensor-parallel ranks replay decode graphs only: a mixed step's graphs would have to be
+    # captured on every rank around its collectives, which they are not yet.
+    del options["mixed_step_graphs"], options["max_mixed_graph_tokens"]
     return TensorParallelExecutor(cfg, device, tp_size, options, args.tp_start_timeout_s)

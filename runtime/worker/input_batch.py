@@ -163,15 +163,17 @@ class BatchBuilder:
         if len(self.blocks) > 2 * self.buffers.max_seqs + 64:
             self.blocks = {k: v for k, v in self.blocks.items() if k in live}
 
-    def build(self, sched: SchedulerOutput, kv: KVCacheManager, pad_seqs: int | None) -> StepBatch:
+    def build(self, sched: SchedulerOutput, kv: KVCacheManager, pad_seqs: int | None,
+              pad_tokens: int | None = None) -> StepBatch:
         """Write the step's inputs into the buffers. pad_seqs (decode steps only) pads the batch
-        to that many one-token sequences."""
+        to that many one-token sequences; pad_tokens (mixed-step graphs) pads it to that many
+        rows that belong to no sequence."""
         scheduled, decodes = batch_order(sched.scheduled)
         bs = self.block_size
         num_seqs = len(scheduled)
         num_tokens = sum(s.num_tokens for s in scheduled)
         padded = pad_seqs or num_seqs
-        padded_tokens = num_tokens + (padded - num_seqs)
+        padded_tokens = pad_tokens or num_tokens + (padded - num_seqs)
         entries = [self._block_ids(s.request, kv) for s in scheduled]
         width = max(len(e.ids) for e in entries)
 
@@ -245,7 +247,8 @@ class BatchBuilder:
         pos[num_tokens:] = 0
         slots[num_tokens:] = -1
         st[layout.seq_lens + num_seqs : layout.seq_lens + padded] = 0
-        qsl[num_seqs + 1 :] = np.arange(num_tokens + 1, padded_tokens + 1)
+        if padded > num_seqs:  # decode padding: one-token sequences of no context
+            qsl[num_seqs + 1 :] = np.arange(num_tokens + 1, padded_tokens + 1)
         if layout.num_logits:
             st[layout.logits : layout.logits + layout.num_logits] = logits_rows
         st[layout.table : layout.end].reshape(num_seqs, width)[:] = self.table[:num_seqs, :width]

@@ -3,7 +3,9 @@
 Per step the BatchBuilder writes the scheduled requests' inputs (input_ids, positions,
 slot_mapping, block_tables, seq_lens, query_start_loc) into persistent buffers with one host to
 device copy. A decode step (one token per request) is padded to a captured batch size and
-replayed as a CUDA graph; any other step runs eagerly over views of the same buffers. Logits are
+replayed as a CUDA graph. A mixed step of up to max_mixed_graph_tokens tokens is padded to a token
+bucket and replayed piecewise, attention eagerly between the graphs (piecewise_graphs.py); a
+larger one runs eagerly over views of the same buffers. Logits are
 computed only for rows that end a request's known tokens (plus prompt rows asked for prompt
 logprobs), and the sampler reads back nothing but the sampled ids.
 
@@ -33,6 +35,7 @@ from pagoda.runtime.worker.cuda_graphs import DecodeGraphs, capture_sizes, padde
 from pagoda.runtime.worker.host_to_device import index_on
 from pagoda.runtime.worker.input_batch import BatchBuilder, InputBuffers, StepBatch, batch_order
 from pagoda.runtime.worker.model_loader import TORCH_DTYPES, kv_cache_torch_dtype, load_model
+from pagoda.runtime.worker.piecewise_graphs import MixedStepGraphs, mixed_capture_sizes, padded_tokens
 from pagoda.runtime.worker.pooler import Pooler
 from pagoda.runtime.worker.sampler import Sampler, gather_logprobs
 
@@ -98,6 +101,8 @@ class ModelRunner:
         pooling_type: str | None = None,
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",
+        mixed_step_graphs: bool = False,
+        max_mixed_graph_tokens: int = 512,
     ):
         ops.configure(enable_gemv=enable_gemv, fused_rope_kv=fused_rope_kv)  # once, before any kernel
         self.model_config = model_config
@@ -115,6 +120,11 @@ class ModelRunner:
         self.enforce_eager = enforce_eager
         # Decode batches are padded to these sizes; on CUDA each one is a captured graph.
         self.graph_sizes = [] if enforce_eager else capture_sizes(max_num_seqs)
+        # Mixed (prefill + decode) steps are padded to these token counts; on CUDA each one is a
+        # set of piecewise graphs. Off for tensor-parallel ranks, whose steps come over a channel.
+        use_mixed = mixed_step_graphs and not enforce_eager
+        self.mixed_sizes = mixed_capture_sizes(min(max_mixed_graph_tokens, self.max_num_tokens)) if use_mixed else []
+        self.mixed_graphs: MixedStepGraphs | None = None
         self.kv_cache: torch.Tensor | None = None
         self.block_size = 16
         self.buffers: InputBuffers | None = None
@@ -159,13 +169,18 @@ class ModelRunner:
             self.graphs = DecodeGraphs(self.model, self.buffers, self.graph_sizes, max_len)
             if self.device.type == "cuda":
                 self.graphs.capture()
+        if self.mixed_sizes:
+            self.mixed_graphs = MixedStepGraphs(self.model, self.buffers, self.mixed_sizes)
+            if self.device.type == "cuda":
+                self.mixed_graphs.capture()
 
     @torch.inference_mode()
     def profile_peak_activation_bytes(self, num_tokens: int, max_model_len: int) -> int:
         """Run one forward of num_tokens (in sequences of at most max_model_len) and a worst-case
         sampling of max_num_seqs rows on a scratch KV cache, and return the peak memory they
-        needed beyond the weights and that cache. With CUDA graphs, add the peak of a decode
-        forward at the largest bucket: the graphs keep that much in their own pool."""
+        needed beyond the weights and that cache. With CUDA graphs, add the peak of a forward at
+        the largest decode bucket and at the largest mixed bucket: each set of graphs keeps that
+        much in its own pool."""
         if self.device.type != "cuda":
             return 0
         dev = self.device
@@ -198,12 +213,14 @@ class ModelRunner:
         del hidden
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
-        graph_peak = self._profile_decode(max_model_len) if self.graph_sizes else 0
+        graph_peak = self._profile_decode(self.graph_sizes[-1], max_model_len) if self.graph_sizes else 0
+        if self.mixed_sizes:
+            graph_peak += self._profile_decode(self.mixed_sizes[-1], max_model_len)
         self.kv_cache = None
         for layer in self.model.attention_layers():
             layer.k_cache = layer.v_cache = torch.empty(0)
         torch.cuda.empty_cache()
-        logger.info("profiled activations: %.0f MiB eager, %.0f MiB for decode graphs",
+        logger.info("profiled activations: %.0f MiB eager, %.0f MiB for CUDA graphs",
                     peak / 2**20, graph_peak / 2**20)
         return int(peak + graph_peak)
 
@@ -220,8 +237,10 @@ class ModelRunner:
             need_cutoffs=True,
         )
 
-    def _profile_decode(self, max_model_len: int) -> int:
-        size, dev = self.graph_sizes[-1], self.device
+    def _profile_decode(self, size: int, max_model_len: int) -> int:
+        """The peak of a forward of `size` one-token rows of no context: the dense layers' share
+        of a graph bucket of that many tokens."""
+        dev = self.device
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -244,7 +263,10 @@ class ModelRunner:
         num_seqs = len(sched.scheduled)
         is_decode = sched.total_num_tokens == num_seqs  # one query token per request
         pad = padded_size(num_seqs, self.graph_sizes) if is_decode and self.graphs else None
-        batch = self.builder.build(sched, kv, pad)
+        bucket = None
+        if pad is None and self.mixed_graphs is not None:
+            bucket = padded_tokens(sched.total_num_tokens, self.mixed_sizes)
+        batch = self.builder.build(sched, kv, pad, bucket)
         if self.pooler is not None:
             batch.sample_requests = []  # nothing is sampled (tensor-parallel ranks see it too)
         if self.on_staged is not None:
@@ -253,6 +275,11 @@ class ModelRunner:
             self._feed_in_flight_tokens(sched, previous)
         if pad is not None:
             return batch, self.graphs.run(pad)
+        if bucket is not None:
+            ctx = self._context(batch.num_tokens, batch.num_seqs, batch.max_query_len, batch.max_seq_len,
+                                batch.num_decode_seqs)
+            ctx.num_tokens = batch.num_tokens
+            return batch, self.mixed_graphs.run(bucket, ctx)
         hidden = self.forward_eager(batch.num_tokens, batch.num_seqs, batch.max_query_len, batch.max_seq_len,
                                     batch.num_decode_seqs)
         return batch, hidden
@@ -277,8 +304,15 @@ class ModelRunner:
     ):
         """The model over the first num_tokens/num_seqs rows of the persistent buffers, no graph.
         Tensor-parallel workers call it too, so every rank runs the same forward."""
+        ctx = self._context(num_tokens, num_seqs, max_query_len, max_seq_len, num_decode_seqs)
+        with attention_context(ctx):
+            return self.model(self.buffers.input_ids[:num_tokens], self.buffers.positions[:num_tokens])
+
+    def _context(self, num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int,
+                 num_decode_seqs: int) -> AttentionContext:
+        """The attention metadata of the step in the buffers: views of their first rows."""
         b, t, s = self.buffers, num_tokens, num_seqs
-        ctx = AttentionContext(
+        return AttentionContext(
             slot_mapping=b.slot_mapping[:t],
             block_tables=b.block_tables[:s],
             seq_lens=b.seq_lens[:s],
@@ -287,8 +321,6 @@ class ModelRunner:
             max_seq_len=max_seq_len,
             num_decode_seqs=num_decode_seqs,
         )
-        with attention_context(ctx):
-            return self.model(b.input_ids[:t], b.positions[:t])
 
     @torch.inference_mode()
     def launch(
