@@ -9,7 +9,8 @@
 # vllm needs vLLM installed in /tmp/vsite (../shared/tools/vllm-peer; .vllm/install-on-gpu), and
 # serves with its defaults except the shared ones: dummy weights, 2k context, the served name.
 # Env: W3_NUM_PROMPTS (512), W3_REPEAT (1: runs of the sweep, each its own JSON), PORT (8321),
-# SERVE_ARGS (extra server flags), PAGODA_COMMIT (recorded; the copy there has no .git).
+# SERVE_ARGS (extra server flags), PAGODA_COMMIT (recorded; the copy there has no .git),
+# SERVER_LOG (keep the server's log there), LOG_LEVEL (pagoda's, default warning).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?OUT_DIR}
@@ -23,7 +24,7 @@ mkdir -p "$OUT"
 source e2e/gpu_env.sh
 PY=${PYTHON:-python3}
 model=$("$PY" -m pagoda.runtime.cli bench model w1 | tail -n 1)
-log=$(mktemp -t w3-server.XXXXXX.log)
+log=${SERVER_LOG:-$(mktemp -t w3-server.XXXXXX.log)}
 common=(--host 127.0.0.1 --port "$PORT" --load-format dummy --max-model-len 2048 --served-model-name w1)
 if [ "$SERVER" = vllm ]; then
     [ -d /tmp/vsite/vllm ] || bash .vllm/install-on-gpu "${VLLM_PARTS:-/tmp/vp}" || exit 1
@@ -32,7 +33,7 @@ if [ "$SERVER" = vllm ]; then
         python3 -m vllm.entrypoints.cli.main serve "$model" "${common[@]}" ${SERVE_ARGS:-} >"$log" 2>&1 &
 else
     # shellcheck disable=SC2086
-    "$PY" -m pagoda.runtime.cli serve "$model" "${common[@]}" --log-level warning ${SERVE_ARGS:-} >"$log" 2>&1 &
+    "$PY" -m pagoda.runtime.cli serve "$model" "${common[@]}" --log-level "${LOG_LEVEL:-warning}" ${SERVE_ARGS:-} >"$log" 2>&1 &
 fi
 server_pid=$!
 rc=0
@@ -48,5 +49,5 @@ grep "after start-up" "$log" | head -n 5
 kill "$server_pid" 2>/dev/null || true
 wait "$server_pid" 2>/dev/null || true
 [ "$rc" -ne 0 ] && tail -n 40 "$log" >&2
-rm -f "$log"
+[ -z "${SERVER_LOG:-}" ] && rm -f "$log"
 exit "$rc"
