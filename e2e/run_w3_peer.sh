@@ -8,7 +8,8 @@
 #
 # vllm needs vLLM installed in /tmp/vsite (../shared/tools/vllm-peer; .vllm/install-on-gpu), and
 # serves with its defaults except the shared ones: dummy weights, 2k context, the served name.
-# Env: W3_NUM_PROMPTS (512), W3_REPEAT (1: runs of the sweep, each its own JSON), PORT (8321),
+# Env: W3_NUM_PROMPTS (512), W3_REPEAT (1: runs of the sweep, each its own JSON, run r with seed
+# W3_SEED + r - 1, so a repeat does not find its prompts in the prefix cache), W3_SEED (0), PORT (8321),
 # SERVE_ARGS (extra server flags), PAGODA_COMMIT (recorded; the copy there has no .git),
 # SERVER_LOG (keep the server's log there), LOG_LEVEL (pagoda's, default warning).
 set -uo pipefail
@@ -41,7 +42,8 @@ for run in $(seq 1 "${W3_REPEAT:-1}"); do
     echo "=== $SERVER W3 run $run ($(date -u +%H:%M:%S))"
     "$PY" -m pagoda.runtime.cli bench serve --base-url "http://127.0.0.1:$PORT" --model w1 \
         --wait-for-server 900 --prompt-format ids --request-rate "${RATES[@]}" \
-        --num-prompts "${W3_NUM_PROMPTS:-512}" --backend-name "$SERVER" --no-progress --out "$OUT" || rc=$?
+        --num-prompts "${W3_NUM_PROMPTS:-512}" --seed $((${W3_SEED:-0} + run - 1)) \
+        --backend-name "$SERVER" --no-progress --out "$OUT" || rc=$?
 done
 # Kernel builds after start-up (runtime/worker/compile_watch.py) are the stalls issue 17 names.
 grep -c "after start-up" "$log" | sed 's/^/compile warnings in the server log: /'
