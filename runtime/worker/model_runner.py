@@ -17,6 +17,7 @@ the next decode step ahead, fed on the device with this step's sampled ids.
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -178,9 +179,8 @@ class ModelRunner:
     def profile_peak_activation_bytes(self, num_tokens: int, max_model_len: int) -> int:
         """Run one forward of num_tokens (in sequences of at most max_model_len) and a worst-case
         sampling of max_num_seqs rows on a scratch KV cache, and return the peak memory they
-        needed beyond the weights and that cache. With CUDA graphs, add the peak of a forward at
-        the largest decode bucket and at the largest mixed bucket: each set of graphs keeps that
-        much in its own pool."""
+        needed beyond the weights and that cache. With CUDA graphs, add what capturing them all
+        keeps (_profile_graphs)."""
         if self.device.type != "cuda":
             return 0
         dev = self.device
@@ -213,9 +213,7 @@ class ModelRunner:
         del hidden
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
-        graph_peak = self._profile_decode(self.graph_sizes[-1], max_model_len) if self.graph_sizes else 0
-        if self.mixed_sizes:
-            graph_peak += self._profile_decode(self.mixed_sizes[-1], max_model_len)
+        graph_peak = self._profile_graphs(max_model_len) if self.graph_sizes or self.mixed_sizes else 0
         self.kv_cache = None
         for layer in self.model.attention_layers():
             layer.k_cache = layer.v_cache = torch.empty(0)
@@ -237,25 +235,31 @@ class ModelRunner:
             need_cutoffs=True,
         )
 
-    def _profile_decode(self, size: int, max_model_len: int) -> int:
-        """The peak of a forward of `size` one-token rows of no context: the dense layers' share
-        of a graph bucket of that many tokens."""
-        dev = self.device
+    def _profile_graphs(self, max_model_len: int) -> int:
+        """Capture every graph once, over the scratch cache, and return the memory the capture
+        kept: the graph pools (with each bucket's live outputs) and the graph executables. Both
+        grow with the number of buckets, which no single forward's peak shows (99 decode buckets
+        of the 8B model keep about 1.5 GiB). The graphs are freed again; the real ones are
+        captured over the KV pool sized with this number, as vLLM's memory profiler does."""
+        buffers = InputBuffers(self.max_num_tokens, self.max_num_seqs, -(-max_model_len // 16), self.device)
         torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        ctx = AttentionContext(
-            slot_mapping=torch.full((size,), -1, dtype=torch.long, device=dev),
-            block_tables=torch.zeros(size, 1, dtype=torch.int32, device=dev),
-            seq_lens=torch.zeros(size, dtype=torch.int32, device=dev),
-            query_start_loc=torch.arange(size + 1, dtype=torch.int32, device=dev),
-            max_query_len=1,
-            max_seq_len=max_model_len,
-        )
-        with attention_context(ctx):
-            self.model(torch.zeros(size, dtype=torch.long, device=dev), torch.zeros_like(ctx.slot_mapping))
+        torch.cuda.empty_cache()
+        free_before = torch.cuda.mem_get_info()[0]
+        graphs: list = []
+        if self.graph_sizes:
+            graphs.append(DecodeGraphs(self.model, buffers, self.graph_sizes, max_model_len))
+        if self.mixed_sizes:
+            graphs.append(MixedStepGraphs(self.model, buffers, self.mixed_sizes))
+        for g in graphs:
+            g.capture()
         torch.cuda.synchronize()
-        return int(torch.cuda.max_memory_allocated() - base)
+        torch.cuda.empty_cache()  # what the warm-up forwards cached outside the pools
+        used = free_before - torch.cuda.mem_get_info()[0]
+        del graphs, g
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        return max(0, int(used))
 
     def _forward(
         self, sched: SchedulerOutput, kv: KVCacheManager, previous: PendingStep | None
