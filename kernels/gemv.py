@@ -84,7 +84,12 @@ def _is_hopper(device: torch.device) -> bool:
 # FP8 launches measured on the H200 (e2e/gemv_fp8_gpu_bench.py prints these entries), keyed as
 # above. At 1..4 rows the FP8 GEMV always replaces quantize + torch._scaled_mm (fp8_linear.py);
 # this table only picks its launch, and shapes not in it take gemv_config's heuristic.
-FP8_MEASURED: dict[tuple[int, int, int, str | None], GemvConfig] = {}
+# The fastest launches of the 1-row sweep on the H200 (e2e/gemv_fp8_gpu_bench.py; e2e/results/
+# gemv-fp8-at-d29891a/), for the 8B shapes where they beat the heuristic (qkv and o_proj did not).
+FP8_MEASURED: dict[tuple[int, int, int, str | None], GemvConfig] = {
+    (1, 28672, 4096, None): GemvConfig(block_n=32, block_k=256, split_k=1, num_warps=4, num_stages=1, fold=1),
+    (1, 4096, 14336, "silu_mul"): GemvConfig(block_n=8, block_k=2048, split_k=1, num_warps=8, num_stages=1, fold=1),
+}
 
 
 def fp8_launch(rows: int, n: int, k: int, act: str | None, device: torch.device) -> GemvConfig:

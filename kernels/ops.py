@@ -193,15 +193,21 @@ def silu_and_mul_linear(x, weight, bias=None):
     return F.linear(silu_and_mul(x), weight, bias)
 
 
+# Rows up to which an FP8 layer takes the FP8 GEMV. Measured on the H200 (e2e/results/
+# gemv-fp8-at-d29891a/): at 1 row it takes 0.42-0.70x the time of quantize + _scaled_mm on the 8B
+# projections, at 4 rows 1.0-1.9x, so from 2 rows on _scaled_mm is taken.
+FP8_GEMV_MAX_ROWS = 1
+
+
 def use_fp8_gemv(x, bias=None) -> bool:
     """Whether an FP8 layer's y = x @ (q * scale)^T goes to the weight-only FP8 GEMV rather than
-    quantize_fp8 + torch._scaled_mm: on the GPU at 1..GEMV_MAX_ROWS rows, where the GEMM path is two
-    launches and a mostly idle tile (e2e/results/fp8-at-5f8bc3d/). It reads only x's shape, dtype
+    quantize_fp8 + torch._scaled_mm: on the GPU at 1..FP8_GEMV_MAX_ROWS rows, where the GEMM path is
+    two launches and a mostly idle tile (e2e/results/fp8-at-5f8bc3d/). It reads only x's shape, dtype
     and strides, never its values, so a captured CUDA graph keeps the choice its bucket made."""
     if not GEMV_ENABLED or x.dim() == 0 or x.shape[-1] == 0 or not _on_gpu(x):
         return False
     rows = x.numel() // x.shape[-1]
-    return (1 <= rows <= GEMV_MAX_ROWS and x.dtype in (*_GEMV_DTYPES, torch.float32)
+    return (1 <= rows <= FP8_GEMV_MAX_ROWS and x.dtype in (*_GEMV_DTYPES, torch.float32)
             and (bias is None or bias.dtype == x.dtype) and x.stride(-1) == 1)
 
 

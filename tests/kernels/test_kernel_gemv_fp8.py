@@ -145,11 +145,12 @@ def quantized_reference(layer, h, b):
 
 
 @pytest.mark.parametrize("rows,act,activations", [
-    (1, None, "dynamic-token"), (4, "silu_mul", "static-tensor"), (5, None, "dynamic-token"),
+    (1, None, "dynamic-token"), (1, "silu_mul", "static-tensor"), (4, None, "static-tensor"),
+    (2, None, "dynamic-token"), (5, None, "dynamic-token"),
     (5, "silu_mul", "dynamic-token"), (6, "silu_mul", "static-tensor"), (7, "silu_mul", "dynamic-tensor"),
 ])
 def test_fp8_layers_take_the_gemv_at_decode_rows_and_scaled_mm_above(on_gpu, monkeypatch, rows, act, activations):
-    """1..4 rows: one weight-only GEMV call (x unquantized); 5 rows or more: x quantized (silu(gate)
+    """1 row (FP8_GEMV_MAX_ROWS): one weight-only GEMV call (x unquantized); 2 rows or more: x quantized (silu(gate)
     * up in the quantizing kernel itself, where the scale is per row or static), then
     torch._scaled_mm, whose result is the quantized-activation product, not the weight-only one."""
     layer, b = fp8_layer(40, 64, bias=True, activations=activations)
@@ -162,7 +163,7 @@ def test_fp8_layers_take_the_gemv_at_decode_rows_and_scaled_mm_above(on_gpu, mon
     # a per-tensor dynamic scale needs the whole activation before quantizing; the others fuse it
     assert len(separate_silu) == (act == "silu_mul" and activations == "dynamic-tensor")
     weight_only = gemv_ref(x, layer.weight, b, weight_scale=layer.weight_scale, act=act)
-    if rows <= ops.GEMV_MAX_ROWS:
+    if rows <= ops.FP8_GEMV_MAX_ROWS:
         assert calls == [act]
         torch.testing.assert_close(got, weight_only, **tolerance(torch.bfloat16))
         return
@@ -176,10 +177,11 @@ def test_fp8_gemv_choice_reads_shapes_only(on_gpu, monkeypatch):
     """Decode is captured in CUDA graphs: the choice must not read x (a meta tensor has no values
     to read, so any sync would raise), only its rows, dtype and strides."""
     meta = dict(device="meta", dtype=torch.bfloat16)
-    for rows in range(1, ops.GEMV_MAX_ROWS + 1):
+    for rows in range(1, ops.FP8_GEMV_MAX_ROWS + 1):
         assert ops.use_fp8_gemv(torch.empty(rows, 64, **meta), torch.empty(40, **meta))
-    assert ops.use_fp8_gemv(torch.empty(2, 1, 64, **meta))  # rows counted over leading dims
-    assert not ops.use_fp8_gemv(torch.empty(ops.GEMV_MAX_ROWS + 1, 64, **meta))
+    assert ops.use_fp8_gemv(torch.empty(1, 1, 64, **meta))
+    assert not ops.use_fp8_gemv(torch.empty(2, 1, 64, **meta))  # rows counted over leading dims
+    assert not ops.use_fp8_gemv(torch.empty(ops.FP8_GEMV_MAX_ROWS + 1, 64, **meta))
     assert not ops.use_fp8_gemv(torch.empty(0, 64, **meta))
     assert not ops.use_fp8_gemv(torch.empty(1, 64, **meta), torch.empty(40, device="meta"))  # fp32 bias
     assert not ops.use_fp8_gemv(torch.empty(1, 128, **meta)[:, ::2])  # strided row
