@@ -2,8 +2,9 @@
 
     python3 e2e/w3_compare.py OUT_DIR [--pagoda FILE ...] [--vllm FILE ...]
 
-Defaults: every W3-pagoda-*.json and W3-vllm-*.json in OUT_DIR. With several runs per server
-(W3_REPEAT), each run is a row; the issue's targets at 16 req/s are checked against vLLM's
+Defaults: every W3-pagoda-*.json and W3-vllm-*.json in OUT_DIR; files holding different rates of one
+sweep (run_w3_same_call.sh writes one per rate) are merged. With several runs per server
+(W3_REPEAT), each run is a row (vLLM's first run is the reference); the issue's targets at 16 req/s are checked against vLLM's
 figures run by run: Pagoda's TPOT p50 at most 0.85x vLLM's, its TPOT p99 and TTFT p99 at most
 vLLM's; at every rate its output throughput at least vLLM's. Writes W3-compare-<commit>.json and
 .png into OUT_DIR.
@@ -20,7 +21,22 @@ KEYS = ("output_tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpo
 
 
 def _load(paths) -> list[dict]:
-    return [json.loads(Path(p).read_text()) for p in sorted(paths)]
+    return group_runs([json.loads(Path(p).read_text()) for p in sorted(paths)])
+
+
+def group_runs(records: list[dict]) -> list[dict]:
+    """Files that each hold some of the rates (run_w3_same_call.sh writes one per rate) merged into
+    runs: a file joins the first run that lacks all of its rates, so repeats become runs 2, 3..."""
+    runs: list[dict] = []
+    for record in records:
+        rates = {rate_key(r["request_rate"]) for r in record["rates"]}
+        for run in runs:
+            if not rates & {rate_key(r["request_rate"]) for r in run["rates"]}:
+                run["rates"] = run["rates"] + record["rates"]
+                break
+        else:
+            runs.append(dict(record, rates=list(record["rates"])))
+    return runs
 
 
 def rate_key(rate) -> str:
@@ -57,7 +73,7 @@ def main() -> int:
     vllms = _load(args.vllm if args.vllm is not None else out.glob("W3-vllm-*.json"))
     if not pagoda or not vllms:
         raise SystemExit("need at least one W3-pagoda and one W3-vllm result")
-    vllm = vllms[-1]
+    vllm = vllms[0]
     rows = [("vllm", 1, by_rate(vllm))] + [("pagoda", i + 1, by_rate(r)) for i, r in enumerate(pagoda)]
     print(f"{'server':8} {'run':>3} {'rate':>5} " + " ".join(f"{k:>19}" for k in KEYS))
     for name, run, rates in rows:

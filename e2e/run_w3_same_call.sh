@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# W3 against Pagoda and vLLM 0.26 in ONE device call: both servers resident on the one H200 at once
+# (each given the same share of its memory), then, rate by rate, the same load generator and prompt
+# token ids against each in turn, so the ratio at every rate comes from the same call and machine.
+#
+#   bash e2e/run_w3_same_call.sh OUT_DIR [RATE...]       RATEs default "4 8 16 32 inf"
+#   python3 e2e/w3_compare.py OUT_DIR                    one table and one plot of both
+#
+# Why both resident: a call is limited to 10 minutes, vLLM's start takes 1.5-4 minutes, and the full
+# sweep takes about 5 minutes per server, so starting each server once and alternating the runs is
+# what lets rates share a call. An idle server launches no kernels, so the other one has the GPU to
+# itself while it is measured. MEM (default 0.44) is each server's --gpu-memory-utilization: both
+# get the same KV budget, which bounds only the all-at-once rate (the finite rates use a fraction).
+# The order alternates per rate (vLLM first at the first rate) so neither always runs second.
+# Env: W3_NUM_PROMPTS (512), W3_SEED (0), RATE_INDEX0 (0: the first rate's index in the sweep, for
+# its prompts' seed when a sweep is split over calls), MEM, PAGODA_PORT (8321), VLLM_PORT (8322), SERVE_ARGS
+# (Pagoda's extra flags), VLLM_ARGS, PAGODA_COMMIT (recorded), VLLM_PARTS (/tmp/vp).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?OUT_DIR}
+shift
+RATES=("$@")
+[ ${#RATES[@]} -eq 0 ] && RATES=(4 8 16 32 inf)
+MEM=${MEM:-0.44}
+PP=${PAGODA_PORT:-8321}
+VP=${VLLM_PORT:-8322}
+mkdir -p "$OUT"
+# shellcheck disable=SC1091
+source e2e/gpu_env.sh
+PY=${PYTHON:-python3}
+[ -d /tmp/vsite/vllm ] || bash .vllm/install-on-gpu "${VLLM_PARTS:-/tmp/vp}" || exit 1
+model=$("$PY" -m pagoda.runtime.cli bench model w1 | tail -n 1)
+common=(--host 127.0.0.1 --load-format dummy --max-model-len 2048 --served-model-name w1 --gpu-memory-utilization "$MEM")
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/gpu-before.csv"
+
+ready() {  # ready PORT SECONDS: wait until /health answers 200
+    local t=0
+    until curl -sf "http://127.0.0.1:$1/health" >/dev/null 2>&1; do
+        sleep 2; t=$((t + 2)); [ "$t" -ge "$2" ] && return 1
+    done
+}
+# Pagoda first: it sizes its KV pool as MEM x total minus its own use, and vLLM checks at start that
+# MEM x total is still free, so the second server must start after the first has taken its share.
+echo "=== pagoda start $(date -u +%H:%M:%S)"
+# shellcheck disable=SC2086
+"$PY" -m pagoda.runtime.cli serve "$model" "${common[@]}" --port "$PP" --log-level warning ${SERVE_ARGS:-} \
+    >"$OUT/pagoda-server.log" 2>&1 &
+ppid=$!
+ready "$PP" 300 || { echo "pagoda did not start"; tail -n 40 "$OUT/pagoda-server.log"; kill $ppid; exit 1; }
+echo "=== vllm start $(date -u +%H:%M:%S)"
+# shellcheck disable=SC2086
+env PYTHONPATH=/tmp/vsite HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
+    python3 -m vllm.entrypoints.cli.main serve "$model" "${common[@]}" --port "$VP" ${VLLM_ARGS:-} \
+    >"$OUT/vllm-server.log" 2>&1 &
+vpid=$!
+ready "$VP" 600 || { echo "vllm did not start"; tail -n 40 "$OUT/vllm-server.log"; kill $ppid $vpid; exit 1; }
+echo "=== both up $(date -u +%H:%M:%S)"
+nvidia-smi --query-gpu=memory.used --format=csv | tee "$OUT/gpu-both.csv"
+
+run() {  # run SERVER PORT RATE SEED
+    echo "=== $1 W3 at $3 req/s ($(date -u +%H:%M:%S))"
+    "$PY" -m pagoda.runtime.cli bench serve --base-url "http://127.0.0.1:$2" --model w1 --prompt-format ids \
+        --request-rate "$3" --num-prompts "${W3_NUM_PROMPTS:-512}" --seed "$4" \
+        --backend-name "$1" --no-progress --out "$OUT" || rc=$?
+}
+rc=0
+i=0
+for rate in "${RATES[@]}"; do
+    # fresh prompts per rate, as one sweep draws them (serve.py's RATE_SEED_STRIDE): each server's
+    # prefix cache still holds the earlier rates' prompts
+    seed=$((${W3_SEED:-0} + ${RATE_INDEX0:-0} * 7919 + i * 7919))
+    if [ $((i % 2)) -eq 0 ]; then run vllm "$VP" "$rate" "$seed"; run pagoda "$PP" "$rate" "$seed"
+    else run pagoda "$PP" "$rate" "$seed"; run vllm "$VP" "$rate" "$seed"; fi
+    i=$((i + 1))
+done
+grep -c "after start-up" "$OUT/pagoda-server.log" | sed 's/^/pagoda compile warnings after start-up: /'
+kill "$ppid" "$vpid" 2>/dev/null || true
+wait 2>/dev/null || true
+exit "$rc"
