@@ -33,11 +33,25 @@ model=$("$PY" -m pagoda.runtime.cli bench model w1 | tail -n 1)
 common=(--host 127.0.0.1 --load-format dummy --max-model-len 2048 --served-model-name w1 --gpu-memory-utilization "$MEM")
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/gpu-before.csv"
 
-ready() {  # ready PORT SECONDS: wait until /health answers 200
-    local t=0
-    until curl -sf "http://127.0.0.1:$1/health" >/dev/null 2>&1; do
-        sleep 2; t=$((t + 2)); [ "$t" -ge "$2" ] && return 1
-    done
+ready() {  # ready PORT SECONDS PID: wait until /health answers 200 (or the server exits)
+    "$PY" - "$@" <<'PYEOF'
+import os, sys, time, urllib.request
+port, limit, pid = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+start = time.monotonic()
+while time.monotonic() - start < limit:
+    try:
+        if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).status == 200:
+            print(f"port {port} ready after {time.monotonic() - start:.0f} s")
+            sys.exit(0)
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        sys.exit(f"server on port {port} exited after {time.monotonic() - start:.0f} s")
+    time.sleep(2)
+sys.exit(f"server on port {port} not ready after {limit:.0f} s")
+PYEOF
 }
 # Pagoda first: it sizes its KV pool as MEM x total minus its own use, and vLLM checks at start that
 # MEM x total is still free, so the second server must start after the first has taken its share.
@@ -46,14 +60,14 @@ echo "=== pagoda start $(date -u +%H:%M:%S)"
 "$PY" -m pagoda.runtime.cli serve "$model" "${common[@]}" --port "$PP" --log-level warning ${SERVE_ARGS:-} \
     >"$OUT/pagoda-server.log" 2>&1 &
 ppid=$!
-ready "$PP" 300 || { echo "pagoda did not start"; tail -n 40 "$OUT/pagoda-server.log"; kill $ppid; exit 1; }
+ready "$PP" 300 "$ppid" || { echo "pagoda did not start"; tail -n 40 "$OUT/pagoda-server.log"; kill $ppid; exit 1; }
 echo "=== vllm start $(date -u +%H:%M:%S)"
 # shellcheck disable=SC2086
 env PYTHONPATH=/tmp/vsite HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
     python3 -m vllm.entrypoints.cli.main serve "$model" "${common[@]}" --port "$VP" ${VLLM_ARGS:-} \
     >"$OUT/vllm-server.log" 2>&1 &
 vpid=$!
-ready "$VP" 600 || { echo "vllm did not start"; tail -n 40 "$OUT/vllm-server.log"; kill $ppid $vpid; exit 1; }
+ready "$VP" 600 "$vpid" || { echo "vllm did not start"; tail -n 40 "$OUT/vllm-server.log"; kill $ppid $vpid; exit 1; }
 echo "=== both up $(date -u +%H:%M:%S)"
 nvidia-smi --query-gpu=memory.used --format=csv | tee "$OUT/gpu-both.csv"
 
