@@ -45,7 +45,9 @@ def rate_key(rate) -> str:
 
 
 def by_rate(record: dict) -> dict[str, dict]:
-    return {rate_key(r["request_rate"]): {k: r.get(k) for k in KEYS} for r in record["rates"]}
+    """Rate -> figures, in the sweep's order (ascending, all-at-once last) whatever the files' order."""
+    rates = {rate_key(r["request_rate"]): {k: r.get(k) for k in KEYS} for r in record["rates"]}
+    return dict(sorted(rates.items(), key=lambda item: float(item[0])))
 
 
 def targets(pagoda: list[dict], vllm: dict) -> dict:
