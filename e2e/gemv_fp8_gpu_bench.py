@@ -1,27 +1,39 @@
-"""The FP8-weight GEMV against the paths it replaces, at decode's few rows on Llama-3.1-8B's shapes.
+"""The FP8 paths at decode's few rows on Llama-3.1-8B's shapes, and RMSNorm fused with FP8 quantization.
 
-Run on the H200 from the repository root, after `source e2e/gpu_env.sh` (about 2.5 minutes):
-    python3 e2e/gemv_fp8_gpu_bench.py [--out DIR] [--rows 1 4] [--sweep-rows 1]
+Run on the H200 from the repository root, after `source e2e/gpu_env.sh` (about 5 minutes):
+    python3 e2e/gemv_fp8_gpu_bench.py [--out DIR] [--rows 1 2 4 8] [--sweep-rows 1]
 and on the CPU first, to check the script (tiny shapes, Triton's interpreter, times that mean nothing):
     .venv/bin/python e2e/gemv_fp8_gpu_bench.py --smoke --out /tmp/gemv-fp8-smoke
 
-For each projection (down_proj with silu_and_mul fused, as the MLP runs it) and row count, as
-CUDA-graph replays over weight copies that exceed L2 (e2e/gemv_gpu_bench.py says why):
-- scaled_mm: what an FP8 layer ran before at these rows, the Triton per-token quantization of x
-  then torch._scaled_mm with row-wise scales (silu_and_mul first for down_proj);
-- bf16: the bf16 layer as the runtime runs it (ops.linear: the bf16 GEMV where it measured faster
-  than cuBLAS, else cuBLAS), the baseline FP8 must beat;
-- fp8_gemv: the FP8 GEMV at the runtime's launch (gemv.fp8_launch), and at --sweep-rows the best of
-  a sweep of its launch knobs, printed as entries for pagoda.kernels.gemv.FP8_MEASURED.
-TB/s is each path's weight bytes (1 per FP8 weight, 2 per bf16 one) over its time, against the
-H200's 4.25. Every FP8 GEMV result is checked against gemv_ref (the same e4m3 weights dequantized,
-fp32 sums). One JSON (gemv-fp8-pagoda-DATE.json) goes to --out (default $OUT, else e2e/results/).
+For each projection (down_proj with silu_and_mul, as the MLP runs it) and row count, as CUDA-graph
+replays over weight copies that exceed L2 (e2e/gemv_gpu_bench.py says why):
+- scaled_mm: x quantized per token by the Triton kernel, then torch._scaled_mm with row-wise scales
+  (silu_and_mul fused into the quantization for down_proj), what an FP8 layer runs without a table entry;
+- bf16: the bf16 layer as the runtime runs it (ops.linear), the baseline FP8 must beat;
+- fp8_gemv: the weight-only FP8 GEMV (x unquantized, silu fused; 1..4 rows) at the runtime's launch
+  (gemv.fp8_launch), and at --sweep-rows the best of a sweep of its knobs (fp8_best);
+- scaled_gemv: x quantized the same way, then the tensor-core small-M FP8 GEMM (kernels/scaled_gemv.py)
+  at its heuristic launch, and the best of a sweep of its knobs (scaled_gemv_best; swept at
+  --sweep-rows, its best launch reused at the other row counts: the tile costs the same up to 16).
+For qkv_proj and gate_up_proj the quantization is not timed in the scaled paths: the RMSNorm before
+them does it in its own kernel (see the norm_quant section); o_proj and down_proj pay for theirs.
+TB/s is each path's weight bytes over its time, against the H200's 4.25. Every FP8 result is checked
+against its reference (gemv_ref: the weight dequantized; scaled_gemv_ref: both operands dequantized).
+
+norm_quant: RMSNorm with its residual add fused with the per-token FP8 quantization, against
+rms_norm then quantize_fp8 (the unfused pair) and rms_norm alone, at decode to prefill row counts,
+checked against rms_norm_quant_fp8_ref.
+
+The fastest FP8 path per (rows, shape), where it beats scaled_mm, is printed as entries for
+pagoda.kernels.fp8_dispatch.FP8_SMALL_M. One JSON (gemv-fp8-pagoda-DATE.json) goes to --out
+(default $OUT, else e2e/results/).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import os
 import sys
 import time
@@ -29,7 +41,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from gemv_gpu_bench import LAYERS, PEAK_TB_PER_S, Bench, begin, max_abs_err, sweep  # noqa: E402
+from gemv_gpu_bench import LAYERS, PEAK_TB_PER_S, Bench, begin, max_abs_err, report, sweep  # noqa: E402
 
 SHAPES = {  # name: (N, K, act)
     "qkv_proj": (6144, 4096, None),
@@ -38,16 +50,19 @@ SHAPES = {  # name: (N, K, act)
     "down_proj": (4096, 14336, "silu_mul"),
 }
 SMOKE_SHAPES = {"odd": (67, 130, None), "down_like": (48, 256, "silu_mul")}
-# gemv_ref and the kernel differ only in summation order and the one rounding to bf16: outputs are
-# of order 1, so a few bf16 ulps. A wrong scale or row is off by far more.
+NORM_QUANTIZED = ("qkv_proj", "gate_up_proj", "odd")  # their input comes quantized from the norm
+NORM_ROWS, SMOKE_NORM_ROWS = (1, 2, 4, 8, 64, 512, 4096), (1, 3)
+# The references and the kernels differ only in summation order and the one rounding to bf16:
+# outputs are of order 1, so a few bf16 ulps. A wrong scale or row is off by far more.
 MAX_ABS_ERR = 0.0625
+GEMV_MAX_ROWS = 4  # kernels/gemv.py MAX_ROWS
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or HERE / "results"))
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 4], help="rows of x (decode batch)")
-    p.add_argument("--sweep-rows", type=int, nargs="*", default=[1], help="rows that sweep the FP8 launch")
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8], help="rows of x (decode batch)")
+    p.add_argument("--sweep-rows", type=int, nargs="*", default=[1], help="rows that sweep the launches")
     p.add_argument("--rep", type=int, default=10, help="ms of replays per sweep point (headlines: 5x)")
     p.add_argument("--smoke", action="store_true", help="CPU check: tiny shapes under TRITON_INTERPRET=1")
     return p.parse_args(argv)
@@ -61,20 +76,67 @@ def fp8_copies(bench: Bench, n: int, k: int) -> tuple[list, list]:
     return bf16, [quantize_weight_fp8_ref(w) for w in bf16]
 
 
-def bench_shape(bench: Bench, name: str, m: int, n: int, k: int, act, do_sweep: bool) -> dict:
+def scaled_gemv_candidates(n: int, k: int, num_sms: int, smoke: bool):
+    """Tiles (64 or 128 weight rows: one or two warpgroup MMAs) x K steps x pipeline depths that fit
+    in shared memory, each at the split-K that gives every SM a program; split-K itself is swept
+    on the best tile (scaled_gemv_sweep)."""
+    from pagoda.kernels.scaled_gemv import MAX_ROWS, ScaledGemvConfig
+
+    if smoke:
+        return [ScaledGemvConfig(64, 32, 2, 4, 2), ScaledGemvConfig(128, 64, 1, 4, 2)]
+    out = []
+    for bn, bk, stages in itertools.product((64, 128), (128, 256, 512), (3, 4, 6)):
+        if (bn + MAX_ROWS) * bk * stages > 200 * 1024 or bk > k:
+            continue
+        split = 1
+        while -(-n // bn) * split < num_sms and k >= 2 * split * 2 * bk:
+            split *= 2
+        out.append(ScaledGemvConfig(bn, bk, split, 4, stages))
+    return out
+
+
+def scaled_gemv_sweep(bench: Bench, n: int, k: int, weights, call, default_cfg) -> list[dict]:
+    points: dict = {}
+
+    def measure(cfg):
+        if cfg in points:
+            return
+        try:
+            points[cfg] = bench.timed(lambda w: call(w, cfg), weights, n * k, bench.rep)
+        except Exception as exc:  # e.g. out of shared memory for this tile
+            print(f"    {cfg}: skipped ({type(exc).__name__}: {str(exc)[:80]})")
+
+    measure(default_cfg)
+    for cfg in scaled_gemv_candidates(n, k, bench.num_sms, bench.smoke):
+        measure(cfg)
+    top = min(points, key=lambda c: points[c]["ms"])
+    for split in (1, 2, 4, 8)[: 2 if bench.smoke else 4]:
+        if k >= split * top.block_k:
+            measure(dataclasses.replace(top, split_k=split))
+    print(f"    swept {len(points)} scaled_gemv launches")
+    return sorted((dict(config=dataclasses.asdict(c), **p) for c, p in points.items()), key=lambda p: p["ms"])
+
+
+def bench_shape(bench: Bench, name: str, m: int, n: int, k: int, act, do_sweep: bool, best_dot: dict) -> dict:
     import torch
 
     from pagoda.kernels import ops
     from pagoda.kernels.gemv import GemvConfig, fp8_launch, gemv
     from pagoda.kernels.gemv_ref import gemv_ref
+    from pagoda.kernels.scaled_gemv import ScaledGemvConfig, scaled_gemv, scaled_gemv_config
+    from pagoda.kernels.scaled_gemv_ref import scaled_gemv_ref
 
     bf16, fp8 = fp8_copies(bench, n, k)
     x = torch.randn(m, 2 * k if act else k, device=bench.device).bfloat16()
     rep = bench.rep * 5
+    silu = act == "silu_mul"
+    prequantized = ops.quantize_fp8(x, silu_mul=silu)  # what the norm hands qkv_proj and gate_up_proj
+
+    def quantized():  # the input as the scaled paths see it, quantized here unless the norm did it
+        return prequantized if name in NORM_QUANTIZED else ops.quantize_fp8(x, silu_mul=silu)
 
     def scaled_mm(w):
-        h = ops.silu_and_mul(x) if act else x
-        q, scale_a = ops.quantize_fp8(h)
+        q, scale_a = quantized()
         return torch._scaled_mm(q, w[0].t(), scale_a=scale_a, scale_b=w[1].view(1, -1), out_dtype=x.dtype)
 
     def bf16_runtime(w):
@@ -83,34 +145,96 @@ def bench_shape(bench: Bench, name: str, m: int, n: int, k: int, act, do_sweep: 
     def fp8_gemv(w, cfg):
         return gemv(x, w[0], weight_scale=w[1], act=act, config=cfg)
 
-    want = gemv_ref(x, fp8[0][0], weight_scale=fp8[0][1], act=act)
+    def dot(w, cfg):
+        q, scale_a = quantized()
+        return scaled_gemv(q, scale_a, w[0], w[1], out_dtype=x.dtype, config=cfg)
+
+    weight_only = gemv_ref(x, fp8[0][0], weight_scale=fp8[0][1], act=act)
+    both_quantized = scaled_gemv_ref(*prequantized, *fp8[0], out_dtype=x.dtype)
     unquantized = gemv_ref(x, bf16[0], act=act).float()
-    launch = fp8_launch(m, n, k, act, bench.device)
-    row = dict(name=name, m=m, n=n, k=k, act=act, fp8_weight_bytes=n * k, copies=len(fp8))
-    row["scaled_mm"] = bench.timed(scaled_mm, fp8, n * k, rep)
+    row = dict(name=name, m=m, n=n, k=k, act=act, fp8_weight_bytes=n * k, copies=len(fp8),
+               input_quantized_by_norm=name in NORM_QUANTIZED)
+    row["scaled_mm"] = dict(**bench.timed(scaled_mm, fp8, n * k, rep), max_abs_err=max_abs_err(scaled_mm(fp8[0]), both_quantized))
     row["bf16"] = bench.timed(bf16_runtime, bf16, n * k * 2, rep)
-    row["fp8_gemv"] = dict(config=dataclasses.asdict(launch), **bench.timed(lambda w: fp8_gemv(w, launch), fp8, n * k, rep),
-                           max_abs_err=max_abs_err(fp8_gemv(fp8[0], launch), want),
-                           rel_err_vs_bf16_weights=rel_err(fp8_gemv(fp8[0], launch), unquantized))
+
+    def timed(call, cfg, want):
+        got = call(fp8[0], cfg)
+        return dict(config=dataclasses.asdict(cfg), **bench.timed(lambda w: call(w, cfg), fp8, n * k, rep),
+                    max_abs_err=max_abs_err(got, want), rel_err_vs_bf16_weights=rel_err(got, unquantized))
+
+    if m <= GEMV_MAX_ROWS:
+        launch = fp8_launch(m, n, k, act, bench.device)
+        row["fp8_gemv"] = timed(fp8_gemv, launch, weight_only)
+        if do_sweep:
+            points = sweep(bench, m, n, k, x, fp8, launch, call=fp8_gemv, weight_bytes=1)
+            row["sweep"] = points
+            row["fp8_best"] = timed(fp8_gemv, GemvConfig(**points[0]["config"]), weight_only)
+    default_dot = scaled_gemv_config(n, k, bench.num_sms)
+    row["scaled_gemv"] = timed(dot, default_dot, both_quantized)
     if do_sweep:
-        points = sweep(bench, m, n, k, x, fp8, launch, call=fp8_gemv, weight_bytes=1)
-        best = GemvConfig(**points[0]["config"])
-        row["sweep"] = points
-        row["fp8_best"] = dict(config=dataclasses.asdict(best), **bench.timed(lambda w: fp8_gemv(w, best), fp8, n * k, rep),
-                               max_abs_err=max_abs_err(fp8_gemv(fp8[0], best), want))
-    top = row.get("fp8_best", row["fp8_gemv"])
+        points = scaled_gemv_sweep(bench, n, k, fp8, dot, default_dot)
+        row["scaled_gemv_sweep"] = points
+        best_dot[name] = ScaledGemvConfig(**points[0]["config"])
+    if name in best_dot:
+        row["scaled_gemv_best"] = timed(dot, best_dot[name], both_quantized)
+    paths = [p for p in ("fp8_gemv", "fp8_best", "scaled_gemv", "scaled_gemv_best") if p in row]
+    fastest = min(paths, key=lambda p: row[p]["ms"])
+    row["fastest"] = fastest
     for base in ("scaled_mm", "bf16"):
-        row[f"speedup_vs_{base}"] = round(row[base]["ms"] / top["ms"], 3)
-    print(f"  M={m} {name:13s} N={n:6d} K={k:5d}: scaled_mm {row['scaled_mm']['ms'] * 1e3:6.1f} us, "
-          f"bf16 {row['bf16']['ms'] * 1e3:6.1f} us ({row['bf16']['tb_per_s']:.2f} TB/s), FP8 GEMV "
-          f"{row['fp8_gemv']['ms'] * 1e3:6.1f} us ({row['fp8_gemv']['tb_per_s']:.2f} TB/s), best "
-          f"{top['ms'] * 1e3:6.1f} us ({top['tb_per_s']:.2f} of {PEAK_TB_PER_S} TB/s) err {top['max_abs_err']:.3g}")
+        row[f"speedup_vs_{base}"] = round(row[base]["ms"] / row[fastest]["ms"], 3)
+    us = {p: f"{row[p]['ms'] * 1e3:6.1f} us ({row[p]['tb_per_s']:.2f})" for p in ("scaled_mm", "bf16", *paths)}
+    print(f"  M={m} {name:13s} N={n:6d} K={k:5d}: " + ", ".join(f"{p} {t}" for p, t in us.items())
+          + f"; fastest {fastest} err {row[fastest]['max_abs_err']:.3g}")
     return row
 
 
 def rel_err(got, want) -> float:
-    """Relative Frobenius distance: e4m3's rounding of the weights, about 3-4%."""
+    """Relative Frobenius distance: e4m3's rounding of the weights (and of x), about 3-5%."""
     return round(float((got.float() - want).norm() / want.norm()), 5)
+
+
+def bench_norm_quant(bench: Bench, rows: int, hidden: int) -> dict:
+    """RMSNorm(x + residual) quantized to e4m3 per token: fused kernel vs rms_norm + quantize_fp8."""
+    import torch
+
+    from pagoda.kernels import ops
+    from pagoda.kernels.norm_quant_ref import rms_norm_quant_fp8_ref
+
+    x, r = (torch.randn(rows, hidden, device=bench.device).bfloat16() for _ in range(2))
+    w = (torch.rand(hidden, device=bench.device) + 0.5).bfloat16()
+
+    def fused():
+        return ops.rms_norm_quant_fp8(x, w, 1e-5, r)
+
+    def unfused():
+        out, new_r = ops.rms_norm(x, w, 1e-5, r)
+        return ops.quantize_fp8(out), new_r
+
+    def norm_only():
+        return ops.rms_norm(x, w, 1e-5, r)
+
+    timing = {label: round(bench.time_ms(fn, bench.rep), 5) for label, fn in
+              (("fused_ms", fused), ("unfused_ms", unfused), ("norm_only_ms", norm_only))}
+    (q, s), new_r = fused()
+    (q_ref, s_ref), r_ref = rms_norm_quant_fp8_ref(x, w, 1e-5, r)
+    same = float((q.float() == q_ref.float()).float().mean())
+    scale_err = float(((s - s_ref).abs() / s_ref).max())
+    ok = same > 0.99 and scale_err < 1e-2 and torch.equal(new_r, r_ref)
+    out = dict(rows=rows, hidden=hidden, **timing, speedup_vs_unfused=round(timing["unfused_ms"] / timing["fused_ms"], 3),
+               q_equal_fraction=round(same, 5), scale_max_rel_err=scale_err, residual_equal=torch.equal(new_r, r_ref), ok=ok)
+    print(f"  norm+quant rows={rows:5d}: fused {timing['fused_ms'] * 1e3:6.1f} us, unfused {timing['unfused_ms'] * 1e3:6.1f} us,"
+          f" norm alone {timing['norm_only_ms'] * 1e3:6.1f} us; q equal {same:.4f} {'ok' if ok else 'MISMATCH'}")
+    return out
+
+
+def entry(r: dict) -> str | None:
+    """An FP8_SMALL_M line where the fastest FP8 path beats quantize + _scaled_mm."""
+    if r[r["fastest"]]["ms"] >= r["scaled_mm"]["ms"]:
+        return None
+    path = "gemv" if r["fastest"].startswith("fp8") else "scaled_gemv"
+    cls = "GemvConfig" if path == "gemv" else "ScaledGemvConfig"
+    cfg = ", ".join(f"{k}={v}" for k, v in r[r["fastest"]]["config"].items())
+    return f"    ({r['m']}, {r['n']}, {r['k']}, {r['act']!r}): Fp8Launch({path!r}, {cls}({cfg})),"
 
 
 def main(argv=None) -> int:
@@ -121,45 +245,50 @@ def main(argv=None) -> int:
     bench, meta = started
     import torch
 
-    from pagoda.kernels.gemv import GemvConfig
-
     start = time.perf_counter()
-    rows = []
-    for m in args.rows:
+    rows, best_dot = [], {}
+    # sweep rows first: their best scaled_gemv launch is reused at the other row counts
+    order = sorted(args.rows, key=lambda m: (m not in args.sweep_rows, m))
+    for m in order:
         for name, (n, k, act) in (SMOKE_SHAPES if args.smoke else SHAPES).items():
-            rows.append(bench_shape(bench, name, m, n, k, act, m in args.sweep_rows))
+            rows.append(bench_shape(bench, name, m, n, k, act, m in args.sweep_rows, best_dot))
             if not args.smoke:
                 torch.cuda.empty_cache()  # the rotation copies of the last shape
         print(f"  ({time.perf_counter() - start:.0f} s so far)")
+    rows.sort(key=lambda r: r["m"])
+    hidden = 256 if args.smoke else 4096
+    norms = [bench_norm_quant(bench, m, hidden) for m in (SMOKE_NORM_ROWS if args.smoke else NORM_ROWS)]
+
     # Per decode step, the 32 layers' four projections (the LM head stays bf16 either way).
-    def step(m, path):  # a shape without a sweep counts its runtime launch as its best
-        return round(LAYERS * sum(r.get(path, r["fp8_gemv"])["ms"] for r in rows if r["m"] == m), 4)
+    def step(m, path):  # a path a shape lacks counts as missing (None)
+        times = [r[path]["ms"] for r in rows if r["m"] == m and path in r]
+        return round(LAYERS * sum(times), 4) if len(times) == sum(r["m"] == m for r in rows) else None
 
-    step_ms = {m: {path: step(m, path) for path in ("scaled_mm", "bf16", "fp8_gemv", "fp8_best")} for m in args.rows}
-    failed = [r for r in rows if max(r[p]["max_abs_err"] for p in ("fp8_gemv", "fp8_best") if p in r) > MAX_ABS_ERR]
-    entries = [f"    ({r['m']}, {r['n']}, {r['k']}, {r['act']!r}): {GemvConfig(**r['fp8_best']['config'])!r},"
-               for r in rows if "fp8_best" in r and r["fp8_best"]["ms"] < r["fp8_gemv"]["ms"]]
-    from kernels_gpu import write_result
-
-    path = write_result(args.out, "gemv-fp8", meta, dict(
-        peak_tb_per_s=PEAK_TB_PER_S, figure="weight bytes / CUDA-graph replay median",
-        num_sms=bench.num_sms, seconds=round(time.perf_counter() - start, 1), layer_ms_per_step=step_ms,
-        shapes=rows, fp8_measured_entries=entries, max_abs_err_allowed=MAX_ABS_ERR, passed=not failed,
-    ))
-    print(f"\n{'M':>2s} {'shape':13s} {'scaled_mm us':>12s} {'bf16 TB/s':>10s} {'FP8 TB/s':>9s} {'best':>6s} {'vs mm':>6s}")
+    step_ms = {m: {p: step(m, p) for p in ("scaled_mm", "bf16", "fp8_gemv", "fp8_best", "scaled_gemv", "scaled_gemv_best")}
+               for m in args.rows}
+    for m in args.rows:
+        step_ms[m]["fastest"] = round(LAYERS * sum(r[r["fastest"]]["ms"] for r in rows if r["m"] == m), 4)
+    checked = ("scaled_mm", "fp8_gemv", "fp8_best", "scaled_gemv", "scaled_gemv_best")
+    failed = [r for r in rows if max(r[p]["max_abs_err"] for p in checked if p in r) > MAX_ABS_ERR]
+    failed_norms = [n for n in norms if not n["ok"]]
+    entries = [e for e in map(entry, rows) if e]
+    body = dict(peak_tb_per_s=PEAK_TB_PER_S, figure="weight bytes / CUDA-graph replay median",
+                num_sms=bench.num_sms, seconds=round(time.perf_counter() - start, 1), layer_ms_per_step=step_ms,
+                shapes=rows, norm_quant=norms, fp8_small_m_entries=entries, max_abs_err_allowed=MAX_ABS_ERR)
+    table = [f"{'M':>2s} {'shape':13s} {'scaled_mm us':>12s} {'bf16 TB/s':>10s} {'GEMV TB/s':>9s} "
+             f"{'dot TB/s':>8s} {'fastest':>16s} {'vs mm':>6s}"]
     for r in rows:
-        top = r.get("fp8_best", r["fp8_gemv"])
-        print(f"{r['m']:2d} {r['name']:13s} {r['scaled_mm']['ms'] * 1e3:12.1f} "
-              f"{r['bf16']['tb_per_s']:10.2f} {r['fp8_gemv']['tb_per_s']:9.2f} {top['tb_per_s']:6.2f} "
-              f"{r['speedup_vs_scaled_mm']:6.2f}")
-    print(f"\nlinear layers per decode step (ms, 32 layers): {step_ms}")
-    if entries:
-        print("\nFP8_MEASURED entries (pagoda.kernels.gemv):\n" + "\n".join(entries))
-    print(f"\nresult: {path} ({time.perf_counter() - start:.0f} s)")
-    if failed:
-        print(f"FAILED: {len(failed)} FP8 GEMV results disagree with gemv_ref beyond {MAX_ABS_ERR}", file=sys.stderr)
-        return 1
-    return 0
+        gemv_tb = max((r[p]["tb_per_s"] for p in ("fp8_gemv", "fp8_best") if p in r), default=float("nan"))
+        dot_tb = max(r[p]["tb_per_s"] for p in ("scaled_gemv", "scaled_gemv_best") if p in r)
+        table.append(f"{r['m']:2d} {r['name']:13s} {r['scaled_mm']['ms'] * 1e3:12.1f} {r['bf16']['tb_per_s']:10.2f} "
+                     f"{gemv_tb:9.2f} {dot_tb:8.2f} {r['fastest']:>16s} {r['speedup_vs_scaled_mm']:6.2f}")
+    table.append(f"\nlinear layers per decode step (ms, 32 layers): {step_ms}")
+    failure = None
+    if failed or failed_norms:
+        failure = (f"{len(failed)} FP8 results disagree with their references beyond {MAX_ABS_ERR}; "
+                   f"{len(failed_norms)} fused norm+quant results disagree with rms_norm_quant_fp8_ref")
+    return report(args, meta, "gemv-fp8", body, table,
+                  {"FP8_SMALL_M entries (pagoda.kernels.fp8_dispatch)": entries}, failure, start)
 
 
 if __name__ == "__main__":

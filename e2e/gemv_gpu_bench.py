@@ -248,6 +248,24 @@ def begin(args) -> tuple[Bench, dict] | None:
     return bench, meta
 
 
+def report(args, meta: dict, workload: str, body: dict, table: list[str], entries: dict[str, list[str]],
+           failed: str | None, started: float) -> int:
+    """The end every GEMV bench shares: the JSON (workload-pagoda-DATE.json) into --out, the
+    summary table, the table entries to paste (title -> lines), and exit 1 when a check failed."""
+    from kernels_gpu import write_result
+
+    path = write_result(args.out, workload, meta, dict(body, passed=not failed))
+    print("\n" + "\n".join(table))
+    for title, lines in entries.items():
+        if lines:
+            print(f"\n{title}:\n" + "\n".join(lines))
+    print(f"\nresult: {path} ({time.perf_counter() - started:.0f} s)")
+    if failed:
+        print(f"FAILED: {failed}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     started = begin(args)
@@ -283,26 +301,17 @@ def main(argv=None) -> int:
     tuned += [f"    ({s['m']}, {s['n']}, {s['k']}, 'silu_mul'): "
               f"{GemvConfig(**s.get('fused_best', s['fused_default'])['config'])!r},"
               for s in silu if s.get("fused_best", s["fused_default"])["ms"] < s["unfused_cublas"]["ms"]]
-    from kernels_gpu import write_result
-
-    path = write_result(args.out, "gemv", meta, dict(
-        peak_tb_per_s=PEAK_TB_PER_S, figure="weight bytes / CUDA-graph replay median",
-        num_sms=bench.num_sms, seconds=round(time.perf_counter() - start, 1),
-        est_step_saving_ms=saving, shapes=rows, silu_mul_down=silu, tuned_entries=tuned,
-        passed=not failed,
-    ))
-    print(f"\n{'M':>2s} {'shape':13s} {'cuBLAS TB/s':>12s} {'default':>8s} {'best':>8s} {'speedup':>8s}")
+    body = dict(peak_tb_per_s=PEAK_TB_PER_S, figure="weight bytes / CUDA-graph replay median",
+                num_sms=bench.num_sms, seconds=round(time.perf_counter() - start, 1),
+                est_step_saving_ms=saving, shapes=rows, silu_mul_down=silu, tuned_entries=tuned)
+    table = [f"{'M':>2s} {'shape':13s} {'cuBLAS TB/s':>12s} {'default':>8s} {'best':>8s} {'speedup':>8s}"]
     for r in rows:
         top = r.get("best", r["default"])
-        print(f"{r['m']:2d} {r['name']:13s} {r['cublas']['tb_per_s']:12.2f} {r['default']['tb_per_s']:8.2f} "
-              f"{top['tb_per_s']:8.2f} {r['speedup_vs_cublas']:8.2f}")
-    if tuned:
-        print("\nFASTER_THAN_CUBLAS entries (pagoda.kernels.gemv):\n" + "\n".join(tuned))
-    print(f"\nresult: {path} ({time.perf_counter() - start:.0f} s)")
-    if failed:
-        print(f"FAILED: {len(failed)} results disagree with F.linear beyond 0.125", file=sys.stderr)
-        return 1
-    return 0
+        table.append(f"{r['m']:2d} {r['name']:13s} {r['cublas']['tb_per_s']:12.2f} {r['default']['tb_per_s']:8.2f} "
+                     f"{top['tb_per_s']:8.2f} {r['speedup_vs_cublas']:8.2f}")
+    failure = f"{len(failed)} results disagree with F.linear beyond 0.125" if failed else None
+    return report(args, meta, "gemv", body, table, {"FASTER_THAN_CUBLAS entries (pagoda.kernels.gemv)": tuned},
+                  failure, start)
 
 
 if __name__ == "__main__":

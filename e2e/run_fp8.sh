@@ -4,9 +4,11 @@
 # from one machine), and optionally vLLM 0.26 with the same flags.
 #
 #   bash e2e/run_fp8.sh OUT_DIR [STAGE...]        STAGEs (default: correctness w2 w1), in the order given:
-#     gemv         e2e/gemv_fp8_gpu_bench.py: the FP8-weight GEMV (decode's 1..4 rows) against quantize +
-#                  torch._scaled_mm and the bf16 path on the 8B projections, TB/s of 4.25, checked against
-#                  gemv_ref, its launch swept at one row, ~2.5 min                -> gemv-fp8-pagoda-*.json
+#     gemv         e2e/gemv_fp8_gpu_bench.py: the weight-only FP8 GEMV (1..4 rows) and the tensor-core small-M
+#                  FP8 GEMM (1..16 rows) against quantize + torch._scaled_mm and the bf16 path on the 8B
+#                  projections at 1, 2, 4, 8 rows, TB/s of 4.25, checked against their references, launches
+#                  swept at one row; RMSNorm+quant fused vs unfused; prints FP8_SMALL_M entries, ~5 min
+#                                                                                  -> gemv-fp8-pagoda-*.json
 #     correctness  e2e/gpu_fp8.py: the FP8 GEMM (torch._scaled_mm, row-wise scales) against its fp32
 #                  arithmetic at the 8B shapes, and FP8 / FP8+FP8-KV logits against bf16 and
 #                  transformers bf16 (teacher forced), ~1.5 min      -> gpu-fp8-correctness-COMMIT.json
@@ -21,7 +23,8 @@
 #                  VLLM=1 appends this stage when the list lacks it, so Pagoda's and vLLM's FP8 runs
 #                  (and their ratios) come from one call; the vLLM parts must be on the machine first
 #                  (../shared/tools/vllm-peer/README.md: one call per part of .vllm/).
-# W2's FP8 run decodes through the FP8 GEMV (1 row); `--no-enable-gemv` would put it back on _scaled_mm.
+# W2's FP8 run decodes through the path kernels/fp8_dispatch.py picks (the FP8 GEMV at 1 row without a
+# table entry); `--no-enable-gemv` would put it back on _scaled_mm.
 # At most 8 JSON files land in OUT_DIR, all stages run (the bench PNGs are removed: a device call
 # brings back 8 files).
 # Needs e2e/gpu_env.sh's set-up (the carried .whl/) and PAGODA_COMMIT (the copy there has no .git).
@@ -62,7 +65,7 @@ stage_correctness() {
 stage_gemv() {
     local smoke=()
     [ "${SMOKE:-0}" = 1 ] && smoke=(--smoke)
-    timeout 300 "$PY" e2e/gemv_fp8_gpu_bench.py "${smoke[@]}" --out "$OUT"
+    timeout 540 "$PY" e2e/gemv_fp8_gpu_bench.py "${smoke[@]}" --out "$OUT"
 }
 
 stage_w2() {

@@ -81,9 +81,9 @@ def _is_hopper(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) == (9, 0)
 
 
-# FP8 launches measured on the H200 (e2e/gemv_fp8_gpu_bench.py prints these entries), keyed as
-# above. At 1..4 rows the FP8 GEMV always replaces quantize + torch._scaled_mm (fp8_linear.py);
-# this table only picks its launch, and shapes not in it take gemv_config's heuristic.
+# FP8 launches measured on the H200, keyed as above: the launch of the FP8 GEMV where
+# kernels/fp8_dispatch.py sends a shape to it without an entry of its own (FP8_SMALL_M entries carry
+# their launch); shapes not in it take gemv_config's heuristic.
 # The fastest launches of the 1-row sweep on the H200 (e2e/gemv_fp8_gpu_bench.py; e2e/results/
 # gemv-fp8-at-d29891a/), for the 8B shapes where they beat the heuristic (qkv and o_proj did not).
 FP8_MEASURED: dict[tuple[int, int, int, str | None], GemvConfig] = {

@@ -193,32 +193,60 @@ def silu_and_mul_linear(x, weight, bias=None):
     return F.linear(silu_and_mul(x), weight, bias)
 
 
-# Rows up to which an FP8 layer takes the FP8 GEMV. Measured on the H200 (e2e/results/
-# gemv-fp8-at-d29891a/): at 1 row it takes 0.42-0.70x the time of quantize + _scaled_mm on the 8B
-# projections, at 4 rows 1.0-1.9x, so from 2 rows on _scaled_mm is taken.
-FP8_GEMV_MAX_ROWS = 1
+# False keeps RMSNorm and the FP8 activation quantization after it as two kernels, so a benchmark
+# can compare the two (runtime/quantization/fp8_linear.norm_for).
+FUSED_NORM_QUANT = True
 
 
-def use_fp8_gemv(x, bias=None) -> bool:
-    """Whether an FP8 layer's y = x @ (q * scale)^T goes to the weight-only FP8 GEMV rather than
-    quantize_fp8 + torch._scaled_mm: on the GPU at 1..FP8_GEMV_MAX_ROWS rows, where the GEMM path is
-    two launches and a mostly idle tile (e2e/results/fp8-at-5f8bc3d/). It reads only x's shape, dtype
-    and strides, never its values, so a captured CUDA graph keeps the choice its bucket made."""
-    if not GEMV_ENABLED or x.dim() == 0 or x.shape[-1] == 0 or not _on_gpu(x):
-        return False
-    rows = x.numel() // x.shape[-1]
-    return (1 <= rows <= FP8_GEMV_MAX_ROWS and x.dtype in (*_GEMV_DTYPES, torch.float32)
-            and (bias is None or bias.dtype == x.dtype) and x.stride(-1) == 1)
+def fp8_path(x, weight, bias=None, act=None):
+    """How an FP8 layer computes act(x) @ (weight * scale)^T + bias: a kernels.fp8_dispatch.Fp8Launch
+    ("gemv": the weight-only FP8 GEMV, x unquantized; "scaled_gemv": x quantized, then the
+    tensor-core small-M GEMM; "scaled_mm": x quantized, then torch._scaled_mm), from the table of
+    measured launches at decode's few rows. It reads only x's shape, dtype and strides, never its
+    values, so a captured CUDA graph keeps the choice its bucket made."""
+    from pagoda.kernels.fp8_dispatch import Fp8Launch, choose
+
+    if not GEMV_ENABLED or x.dim() == 0 or x.numel() == 0 or not _on_gpu(x) or x.stride(-1) != 1:
+        return Fp8Launch("scaled_mm")
+    launch = choose(x.numel() // x.shape[-1], weight.shape[0], weight.shape[1], act, x.device)
+    if launch.path == "gemv" and not (x.dtype in (*_GEMV_DTYPES, torch.float32)
+                                      and (bias is None or bias.dtype == x.dtype)):
+        return Fp8Launch("scaled_mm")
+    return launch
 
 
-def fp8_gemv(x, weight, weight_scale, bias=None, act=None):
+def fp8_gemv(x, weight, weight_scale, bias=None, act=None, config=None):
     """y = act(x) @ (weight * weight_scale)^T + bias for an e4m3 weight [N, K] and its float32 scales
     (per row or per tensor), x left unquantized; act None or "silu_mul" (x then holds gate|up)."""
     from pagoda.kernels.gemv import fp8_launch, gemv
 
     n, k = weight.shape
-    config = fp8_launch(x.numel() // x.shape[-1], n, k, act, x.device)
+    config = config or fp8_launch(x.numel() // x.shape[-1], n, k, act, x.device)
     return gemv(x, weight, bias, weight_scale=weight_scale, act=act, config=config)
+
+
+def scaled_gemv(q, scale_x, weight, weight_scale, bias=None, *, out_dtype, config=None):
+    """(q * scale_x) @ (weight * weight_scale)^T + bias for e4m3 q [M <= 16, K] and weight [N, K]:
+    torch._scaled_mm's arithmetic on the tensor-core small-M kernel (the reference elsewhere)."""
+    if _on_gpu(q):
+        from pagoda.kernels.scaled_gemv import scaled_gemv as triton_scaled_gemv
+
+        return triton_scaled_gemv(q, scale_x, weight, weight_scale, bias, out_dtype=out_dtype, config=config)
+    from pagoda.kernels.scaled_gemv_ref import scaled_gemv_ref
+
+    return scaled_gemv_ref(q, scale_x, weight, weight_scale, bias, out_dtype=out_dtype)
+
+
+def rms_norm_quant_fp8(x, weight, eps, residual=None, scale=None):
+    """rms_norm, then quantize_fp8 of its output, in one kernel on the GPU: (q, scale [M, 1]), and
+    with residual ((q, scale), x + residual)."""
+    if _on_gpu(x):
+        from pagoda.kernels.norm_quant import rms_norm_quant_fp8 as triton_rms_norm_quant_fp8
+
+        return triton_rms_norm_quant_fp8(x, weight, eps, residual, scale)
+    from pagoda.kernels.norm_quant_ref import rms_norm_quant_fp8_ref
+
+    return rms_norm_quant_fp8_ref(x, weight, eps, residual, scale)
 
 
 def quantize_fp8(x, scale=None, *, silu_mul: bool = False):

@@ -1,4 +1,10 @@
-"""RMSNorm, fused with the residual add before it (pagoda.kernels picks Triton or torch)."""
+"""RMSNorm, fused with the residual add before it (pagoda.kernels picks Triton or torch).
+
+A norm whose output only feeds an FP8 linear layer that quantizes its input (qkv_proj after
+input_layernorm, gate_up_proj after post_attention_layernorm) is linked to that layer after
+loading (quantization/apply.link_norms): it then quantizes in its own kernel and hands the layer a
+fp8_linear.QuantizedInput, at the rows where the layer would quantize anyway.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from torch import nn
 
 from pagoda.kernels import ops
 from pagoda.runtime.layers.weight_slice import materialize
+from pagoda.runtime.quantization import fp8_linear
 
 
 class RMSNorm(nn.Module):
@@ -14,9 +21,17 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+        self.quantize_for = None  # the FP8 layer this norm feeds, when linked (a plain attribute)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if self.quantize_for is not None:
+            return fp8_linear.norm_for(self.quantize_for, self.weight, self.eps, x, residual)
         return ops.rms_norm(x, self.weight, self.eps, residual)
+
+    def link_fp8_consumer(self, layer: nn.Module | None) -> None:
+        # object.__setattr__: as a Module attribute the layer would become this norm's submodule
+        # (its parameters listed twice, in state_dict and named_modules)
+        object.__setattr__(self, "quantize_for", layer)
 
 
 class GemmaRMSNorm(RMSNorm):

@@ -92,6 +92,9 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     attention_cls = LlamaAttention
     mlp_cls = LlamaMLP
+    # Norms whose output feeds only that layer: with FP8 weights they quantize its input
+    # themselves (quantization/apply.link_norms).
+    fp8_norm_inputs = (("input_layernorm", "self_attn.qkv_proj"), ("post_attention_layernorm", "mlp.gate_up_proj"))
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, rotary_emb: RotaryEmbedding):
         super().__init__()

@@ -52,6 +52,7 @@ def finish(model: nn.Module, scheme: FP8Scheme, compute_dtype: torch.dtype) -> N
     dequantized = [fp8_linear.finish_loading(layer, scheme, compute_dtype) for layer in layers]
     if layers and layers[0].weight.is_cuda:
         torch.cuda.empty_cache()  # the replaced bf16 weights: give the KV pool their memory back whole
+    link_norms(model)
     if any(dequantized):
         device = layers[0].weight.device
         why = ("the scheme quantizes weights only" if scheme.activations == "none"
@@ -59,3 +60,17 @@ def finish(model: nn.Module, scheme: FP8Scheme, compute_dtype: torch.dtype) -> N
         logger.warning("FP8 weights (%s) of %d linear layers are dequantized to %s at load: %s. The output has "
                        "FP8 weights' numerics, not their speed or memory.", scheme.source, len(layers),
                        compute_dtype, why)
+
+
+def link_norms(model: nn.Module) -> None:
+    """Let each RMSNorm whose output only feeds an FP8 layer quantize that layer's input in its own
+    kernel. A decoder layer names its (norm, consumer) pairs in fp8_norm_inputs; a pair whose
+    consumer is absent (an MoE block has no gate_up_proj) or not an FP8 layer that quantizes its
+    input per token or statically (fp8_linear.fuses_input_norm) is left alone."""
+    for module in model.modules():
+        for norm_name, consumer_path in getattr(module, "fp8_norm_inputs", ()):
+            norm, consumer = getattr(module, norm_name, None), module
+            for part in consumer_path.split("."):
+                consumer = getattr(consumer, part, None)
+            if norm is not None and consumer is not None and fp8_linear.fuses_input_norm(consumer):
+                norm.link_fp8_consumer(consumer)

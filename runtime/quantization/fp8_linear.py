@@ -5,8 +5,11 @@ weight_scale per output row (plus a per-tensor input_scale for static activation
 - on a GPU with FP8 matmuls (compute capability 8.9 or more) it stays FP8, and the forward
   quantizes its input (per token, per tensor, or by the static scale) and calls torch._scaled_mm
   with row-wise scales: y[m, n] = (q_x[m] . q_w[n]) * scale_x[m] * scale_w[n], accumulated in fp32
-  by cuBLASLt. At decode's 1..4 rows a Triton GEMV takes it instead (kernels/gemv.py), weight-only:
-  y[m, n] = (x[m] . q_w[n]) * scale_w[n], x unquantized, which is faster there and no less exact;
+  by cuBLASLt. At decode's few rows the measured table of kernels/fp8_dispatch.py may send it to a
+  Triton kernel instead: the weight-only FP8 GEMV (kernels/gemv.py, y[m, n] = (x[m] . q_w[n]) *
+  scale_w[n], x unquantized) or the tensor-core small-M GEMM (kernels/scaled_gemv.py, _scaled_mm's
+  arithmetic). Where the layer quantizes its input per token (or by a static scale) and the RMSNorm
+  before it is linked to it (link_norms), the norm's kernel quantizes instead (QuantizedInput);
 - anywhere else the weight is dequantized once, at load, to the compute dtype (q * scale), and the
   layer runs as an ordinary linear one. That is the reference the tests compare with transformers.
 On-the-fly quantization (--quantization fp8) loads the bf16 weight as usual and quantizes it per
@@ -16,6 +19,7 @@ output channel afterwards.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -70,18 +74,61 @@ def finish_loading(layer: nn.Module, scheme, compute_dtype: torch.dtype) -> bool
     return True
 
 
-def apply(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None, act: str | None = None) -> torch.Tensor:
+@dataclass(slots=True)
+class QuantizedInput:
+    """An FP8 layer's input, already quantized by the RMSNorm kernel before it (norm_for): what
+    _quantize_input would have made of the norm's output, and how the layer multiplies it."""
+    q: torch.Tensor  # [M, K] e4m3
+    scale: torch.Tensor  # [M, 1] float32
+    shape: torch.Size  # the unquantized activation's
+    dtype: torch.dtype  # its dtype, the layer's output dtype
+    launch: object  # the kernels.fp8_dispatch.Fp8Launch the layer takes for these rows
+
+
+def fuses_input_norm(layer: nn.Module) -> bool:
+    """Whether the norm before this layer may quantize its input: FP8 kept for the GPU's matmuls,
+    and a per-token or static activation scale (one row at a time; a per-tensor dynamic scale
+    needs the whole activation first)."""
+    return (getattr(layer, "fp8", None) is not None and is_fp8(layer.weight)
+            and layer.fp8.activations in ("dynamic-token", "static-tensor"))
+
+
+def norm_for(layer: nn.Module, norm_weight: torch.Tensor, eps: float, x: torch.Tensor, residual=None):
+    """RMSNorm(x [+ residual]) * norm_weight as this FP8 layer's input: a QuantizedInput made by one
+    kernel where the layer would quantize it (ops.FUSED_NORM_QUANT), else the plain norm's output."""
+    launch = ops.fp8_path(x, layer.weight, layer.bias)
+    if not (ops.FUSED_NORM_QUANT and launch.quantizes_input):
+        return ops.rms_norm(x, norm_weight, eps, residual)
+    static = layer.input_scale if layer.fp8.activations == "static-tensor" else None
+    out = ops.rms_norm_quant_fp8(x, norm_weight, eps, residual, static)
+    (q, scale), new_residual = out if residual is not None else (out, None)
+    quantized = QuantizedInput(q, scale, x.shape, x.dtype, launch)
+    return quantized if residual is None else (quantized, new_residual)
+
+
+def apply(layer: nn.Module, x, bias: torch.Tensor | None, act: str | None = None) -> torch.Tensor:
     """y = act(x) @ dequant(weight)^T + bias for an FP8 weight on an FP8 GPU; act "silu_mul" takes
-    the MLP's gate|up. Decode's few rows go to the weight-only FP8 GEMV (x is not quantized: one
-    kernel that streams the weight); more rows quantize x and call torch._scaled_mm."""
-    if ops.use_fp8_gemv(x, bias):
-        return ops.fp8_gemv(x, layer.weight, layer.weight_scale, bias, act=act)
+    the MLP's gate|up. The path is kernels/fp8_dispatch.py's for these rows: the weight-only FP8
+    GEMV (x not quantized: one kernel that streams the weight), or x quantized (here, or already by
+    the norm: a QuantizedInput) and then the small-M tensor-core GEMM or torch._scaled_mm."""
+    if isinstance(x, QuantizedInput):
+        return _matmul(layer, x.q, x.scale, x.shape, x.dtype, bias, x.launch)
+    launch = ops.fp8_path(x, layer.weight, bias, act)
+    if launch.path == "gemv":
+        return ops.fp8_gemv(x, layer.weight, layer.weight_scale, bias, act=act, config=launch.config)
     q, scale_a, shape = _quantize_input(layer, x, act)
+    return _matmul(layer, q, scale_a, shape, x.dtype, bias, launch)
+
+
+def _matmul(layer, q, scale_a, shape, dtype, bias, launch) -> torch.Tensor:
     weight = layer.weight
-    y = torch._scaled_mm(q, weight.t(), scale_a=scale_a.contiguous(), scale_b=layer.weight_scale.view(1, -1),
-                         out_dtype=x.dtype)
-    if bias is not None:
-        y = y + bias
+    if launch.path == "scaled_gemv":
+        y = ops.scaled_gemv(q, scale_a, weight, layer.weight_scale, bias, out_dtype=dtype, config=launch.config)
+    else:
+        y = torch._scaled_mm(q, weight.t(), scale_a=scale_a.contiguous(), scale_b=layer.weight_scale.view(1, -1),
+                             out_dtype=dtype)
+        if bias is not None:
+            y = y + bias
     return y.reshape(*shape[:-1], weight.shape[0])
 
 

@@ -262,3 +262,38 @@ def test_fp8_matmul_path_matches_transformers_fake_quantized_forward(tiny_models
             weights_only = dequantized(torch.tensor([seq])).logits[0]
         assert (got[s] - want).abs().max() <= ATOL
         assert (got[s] - weights_only).abs().max() > 10 * ATOL  # the activations were quantized
+
+
+@pytest.mark.parametrize("fmt,static", cases([("compressed-tensors", False), ("fp8", True)]),
+                         ids=["per-token", "static"])
+def test_fp8_norms_quantize_their_layers_input_as_the_unfused_pair(checkpoints, monkeypatch, fmt, static):
+    """On the FP8 matmul path each decoder layer's input_layernorm and post_attention_layernorm are
+    linked to qkv_proj and gate_up_proj, and hand them the norm's output already quantized (per
+    token, or by the static input_scale); the logits equal those of the norm, then the layer's own
+    quantization, bit for bit (the same arithmetic, one kernel less on the GPU)."""
+    from pagoda.kernels import ops
+    from pagoda.runtime.quantization import fp8_linear
+
+    monkeypatch.setattr(fp8_linear, "has_fp8_matmul", lambda device: True)
+    dst = checkpoints[fmt, not static, static]
+    quantized_inputs = []
+    matmul = fp8_linear._matmul
+
+    def counting(layer, q, *rest):
+        quantized_inputs.append(q.shape)
+        return matmul(layer, q, *rest)
+
+    monkeypatch.setattr(fp8_linear, "_matmul", counting)
+    cfg = ModelConfig.from_path(dst, "float32", 256)
+    model = load_model(cfg, torch.device("cpu"))
+    for layer in model.model.layers:
+        assert layer.input_layernorm.quantize_for is layer.self_attn.qkv_proj
+        assert layer.post_attention_layernorm.quantize_for is layer.mlp.gate_up_proj
+    assert model.model.norm.quantize_for is None  # the final norm feeds the bf16 LM head
+    assert "quantize_for" not in dict(model.named_modules()).get("model.layers.0.input_layernorm")._modules
+    rng = random.Random(7)
+    seqs = [[rng.randrange(5, 512) for _ in range(n)] for n in (40, 44)]
+    fused = engine_logits(str(dst), seqs)
+    monkeypatch.setattr(ops, "FUSED_NORM_QUANT", False)
+    unfused = engine_logits(str(dst), seqs)
+    assert quantized_inputs and all(torch.equal(a, b) for a, b in zip(fused, unfused))

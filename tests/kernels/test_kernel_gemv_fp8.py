@@ -10,9 +10,11 @@ import torch
 import torch.nn.functional as F
 from kernel_testing import tolerance
 
+from pagoda.kernels import fp8_dispatch, ops
 from pagoda.kernels import gemv as gemv_module
-from pagoda.kernels import ops
+from pagoda.kernels import scaled_gemv as scaled_gemv_module
 from pagoda.kernels.activation_ref import silu_and_mul_ref
+from pagoda.kernels.fp8_dispatch import Fp8Launch
 from pagoda.kernels.gemv import MAX_ROWS, GemvConfig, fp8_launch, gemv, gemv_config
 from pagoda.kernels.gemv_ref import gemv_ref
 from pagoda.kernels.quant_fp8_ref import (
@@ -22,6 +24,7 @@ from pagoda.kernels.quant_fp8_ref import (
     quantize_fp8_ref,
     quantize_weight_fp8_ref,
 )
+from pagoda.kernels.scaled_gemv import ScaledGemvConfig
 from pagoda.runtime.quantization import fp8_linear
 from pagoda.runtime.quantization.scheme import FP8Scheme
 
@@ -150,9 +153,9 @@ def quantized_reference(layer, h, b):
     (5, "silu_mul", "dynamic-token"), (6, "silu_mul", "static-tensor"), (7, "silu_mul", "dynamic-tensor"),
 ])
 def test_fp8_layers_take_the_gemv_at_decode_rows_and_scaled_mm_above(on_gpu, monkeypatch, rows, act, activations):
-    """1 row (FP8_GEMV_MAX_ROWS): one weight-only GEMV call (x unquantized); 2 rows or more: x quantized (silu(gate)
-    * up in the quantizing kernel itself, where the scale is per row or static), then
-    torch._scaled_mm, whose result is the quantized-activation product, not the weight-only one."""
+    """Without measured entries: 1 row (FP8_GEMV_MAX_ROWS) one weight-only GEMV call (x unquantized);
+    2 rows or more x quantized (silu(gate) * up in the quantizing kernel itself, where the scale is
+    per row or static), then torch._scaled_mm, whose result is the quantized-activation product."""
     layer, b = fp8_layer(40, 64, bias=True, activations=activations)
     x = torch.randn(rows, 128 if act else 64).to(torch.bfloat16)
     calls, separate_silu = [], []
@@ -163,7 +166,7 @@ def test_fp8_layers_take_the_gemv_at_decode_rows_and_scaled_mm_above(on_gpu, mon
     # a per-tensor dynamic scale needs the whole activation before quantizing; the others fuse it
     assert len(separate_silu) == (act == "silu_mul" and activations == "dynamic-tensor")
     weight_only = gemv_ref(x, layer.weight, b, weight_scale=layer.weight_scale, act=act)
-    if rows <= ops.FP8_GEMV_MAX_ROWS:
+    if rows <= fp8_dispatch.FP8_GEMV_MAX_ROWS:
         assert calls == [act]
         torch.testing.assert_close(got, weight_only, **tolerance(torch.bfloat16))
         return
@@ -173,22 +176,72 @@ def test_fp8_layers_take_the_gemv_at_decode_rows_and_scaled_mm_above(on_gpu, mon
     assert (got.float() - weight_only.float()).abs().max() > 1e-2  # and x was quantized there
 
 
+def test_measured_entries_route_rows_to_their_paths(on_gpu, monkeypatch):
+    """With measured entries for a shape, r rows take the entry of the fewest measured rows >= r:
+    the weight-only GEMV at its launch up to 2 rows, the tensor-core scaled GEMV up to 8 (x
+    quantized, _scaled_mm's arithmetic), and past the table _scaled_mm again. Each result equals
+    its path's reference."""
+    gemv_cfg = GemvConfig(block_n=16, block_k=32, split_k=2, num_warps=4, fold=16)
+    dot_cfg = ScaledGemvConfig(block_n=64, block_k=32, split_k=2, num_warps=4, num_stages=2)
+    monkeypatch.setattr(fp8_dispatch, "FP8_SMALL_M", {
+        (2, 40, 64, None): Fp8Launch("gemv", gemv_cfg), (8, 40, 64, None): Fp8Launch("scaled_gemv", dot_cfg),
+        (4, 40, 32, "silu_mul"): Fp8Launch("scaled_gemv", dot_cfg),
+    })
+    layer, b = fp8_layer(40, 64, bias=True)
+    calls = []
+    for module, name in ((gemv_module, "gemv"), (scaled_gemv_module, "scaled_gemv")):
+        kernel = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, kernel=kernel, name=name, **kw:
+                            calls.append((name, kw.get("config"))) or kernel(*a, **kw))
+    scaled_mm = torch._scaled_mm
+    monkeypatch.setattr(torch, "_scaled_mm", lambda *a, **kw: calls.append(("scaled_mm", None)) or scaled_mm(*a, **kw))
+    for rows, want_path in [(1, "gemv"), (2, "gemv"), (3, "scaled_gemv"), (8, "scaled_gemv"), (9, "scaled_mm")]:
+        calls.clear()
+        x = torch.randn(rows, 64).to(torch.bfloat16)
+        got = fp8_linear.apply(layer, x, b)
+        assert [c[0] for c in calls] == [want_path], rows
+        assert calls[0][1] == {"gemv": gemv_cfg, "scaled_gemv": dot_cfg, "scaled_mm": None}[want_path]
+        want = (gemv_ref(x, layer.weight, b, weight_scale=layer.weight_scale) if want_path == "gemv"
+                else quantized_reference(layer, x, b))
+        torch.testing.assert_close(got, want, **tolerance(torch.bfloat16))
+    # down_proj's shape: silu(gate) * up quantized in one kernel, then the scaled GEMV
+    down, db = fp8_layer(40, 32, bias=False)
+    calls.clear()
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    got = fp8_linear.apply(down, x, None, act="silu_mul")
+    assert calls == [("scaled_gemv", dot_cfg)]
+    torch.testing.assert_close(got, quantized_reference(down, silu_and_mul_ref(x), torch.zeros(40)),
+                               **tolerance(torch.bfloat16))
+
+
+def test_the_table_rejects_a_path_past_its_rows(on_gpu, monkeypatch):
+    monkeypatch.setattr(fp8_dispatch, "FP8_SMALL_M", {(8, 40, 64, None): Fp8Launch("gemv", GemvConfig())})
+    with pytest.raises(AssertionError, match="gemv takes at most 4 rows"):
+        ops.fp8_path(torch.randn(1, 64), torch.empty(40, 64, dtype=FP8_DTYPE))
+
+
 def test_fp8_gemv_choice_reads_shapes_only(on_gpu, monkeypatch):
     """Decode is captured in CUDA graphs: the choice must not read x (a meta tensor has no values
     to read, so any sync would raise), only its rows, dtype and strides."""
     meta = dict(device="meta", dtype=torch.bfloat16)
-    for rows in range(1, ops.FP8_GEMV_MAX_ROWS + 1):
-        assert ops.use_fp8_gemv(torch.empty(rows, 64, **meta), torch.empty(40, **meta))
-    assert ops.use_fp8_gemv(torch.empty(1, 1, 64, **meta))
-    assert not ops.use_fp8_gemv(torch.empty(2, 1, 64, **meta))  # rows counted over leading dims
-    assert not ops.use_fp8_gemv(torch.empty(ops.FP8_GEMV_MAX_ROWS + 1, 64, **meta))
-    assert not ops.use_fp8_gemv(torch.empty(0, 64, **meta))
-    assert not ops.use_fp8_gemv(torch.empty(1, 64, **meta), torch.empty(40, device="meta"))  # fp32 bias
-    assert not ops.use_fp8_gemv(torch.empty(1, 128, **meta)[:, ::2])  # strided row
+    w = torch.empty(40, 64, device="meta", dtype=FP8_DTYPE)
+
+    def path(x, bias=None):
+        return ops.fp8_path(x, w, bias).path
+
+    for rows in range(1, fp8_dispatch.FP8_GEMV_MAX_ROWS + 1):
+        assert path(torch.empty(rows, 64, **meta), torch.empty(40, **meta)) == "gemv"
+    assert path(torch.empty(1, 1, 64, **meta)) == "gemv"
+    assert path(torch.empty(2, 1, 64, **meta)) == "scaled_mm"  # rows counted over leading dims
+    assert path(torch.empty(fp8_dispatch.FP8_GEMV_MAX_ROWS + 1, 64, **meta)) == "scaled_mm"
+    assert path(torch.empty(0, 64, **meta)) == "scaled_mm"
+    assert path(torch.empty(1, 64, **meta), torch.empty(40, device="meta")) == "scaled_mm"  # fp32 bias
+    assert path(torch.empty(1, 128, **meta)[:, ::2]) == "scaled_mm"  # strided row
     monkeypatch.setattr(ops, "GEMV_ENABLED", False)  # --no-enable-gemv: quantize + _scaled_mm
-    assert not ops.use_fp8_gemv(torch.empty(1, 64, **meta))
+    assert path(torch.empty(1, 64, **meta)) == "scaled_mm"
 
 
 def test_fp8_gemv_stays_off_the_cpu():
     """On the CPU an FP8 layer was dequantized at load (the reference); the GEMV never runs there."""
-    assert not ops.use_fp8_gemv(torch.randn(1, 64).to(torch.bfloat16))
+    w = torch.empty(40, 64, dtype=FP8_DTYPE)
+    assert ops.fp8_path(torch.randn(1, 64).to(torch.bfloat16), w).path == "scaled_mm"

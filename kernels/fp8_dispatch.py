@@ -1,0 +1,82 @@
+"""Which kernel runs an FP8 linear layer at decode's few rows: a table of H200 measurements.
+
+Three paths compute y = x @ (q_w * s_w)^T for an e4m3 weight:
+- "gemv": the weight-only FP8 GEMV (gemv.py): x stays unquantized, silu_mul fused; 1..4 rows;
+- "scaled_gemv": x quantized per token (by the norm or SiLU kernel before it where fused), then the
+  tensor-core small-M FP8 GEMM (scaled_gemv.py); 1..16 rows;
+- "scaled_mm": x quantized, then torch._scaled_mm (cuBLASLt), the path for every other shape.
+FP8_SMALL_M holds, per (rows, N, K, act), the path and launch that measured fastest on the H200
+(e2e/gemv_fp8_gpu_bench.py prints the entries to paste here). A call with r rows takes the entry
+of the fewest measured rows >= r for its shape (the tensor-core tile costs the same for every row
+count up to 16; the GEMV's cost grows with rows, so a larger measured count is an upper bound).
+Shapes and rows without an entry keep what ran before this table: the FP8 GEMV at
+FP8_GEMV_MAX_ROWS rows with gemv.fp8_launch's launch, _scaled_mm above.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pagoda.kernels import gemv as gemv_kernels
+from pagoda.kernels.gemv import GemvConfig
+from pagoda.kernels.scaled_gemv import MAX_ROWS as SCALED_GEMV_MAX_ROWS
+from pagoda.kernels.scaled_gemv import ScaledGemvConfig
+
+PATHS = ("gemv", "scaled_gemv", "scaled_mm")
+# Rows up to which a shape without an entry takes the FP8 GEMV. Measured on the H200 (e2e/results/
+# gemv-fp8-at-d29891a/): at 1 row it takes 0.42-0.70x the time of quantize + _scaled_mm on the 8B
+# projections, at 4 rows 1.0-1.9x, so from 2 rows on _scaled_mm is taken.
+FP8_GEMV_MAX_ROWS = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8Launch:
+    path: str  # one of PATHS
+    config: GemvConfig | ScaledGemvConfig | None = None
+
+    @property
+    def quantizes_input(self) -> bool:
+        return self.path != "gemv"
+
+
+# (rows, N, K, act) -> the fastest path at that many rows, measured (see the docstring).
+FP8_SMALL_M: dict[tuple[int, int, int, str | None], Fp8Launch] = {}
+
+
+def choose(rows: int, n: int, k: int, act: str | None, device: torch.device) -> Fp8Launch:
+    """The launch for an FP8 layer's rows x [N, K] product (act "silu_mul": x holds gate|up)."""
+    measured = _measured(n, k, act, device)
+    for bucket, launch in measured:
+        if rows <= bucket:
+            return launch
+    if rows <= FP8_GEMV_MAX_ROWS:
+        return Fp8Launch("gemv", gemv_kernels.fp8_launch(rows, n, k, act, device))
+    return Fp8Launch("scaled_mm")
+
+
+def _measured(n: int, k: int, act: str | None, device: torch.device) -> list[tuple[int, Fp8Launch]]:
+    """The table's entries for a shape, fewest rows first; none off Hopper (the table is the
+    H200's; the interpreter, a CPU device, sees it too, for the tests)."""
+    if device.type == "cuda" and not gemv_kernels._is_hopper(device):
+        return []
+    global _indexed
+    if _indexed[0] is not FP8_SMALL_M:
+        _indexed = (FP8_SMALL_M, _index(FP8_SMALL_M))
+    return _indexed[1].get((n, k, act), [])
+
+
+def _index(table: dict) -> dict[tuple[int, int, str | None], list[tuple[int, Fp8Launch]]]:
+    """The table by shape, fewest rows first; built once per table object (replace the dict to
+    change it, as a test does, rather than mutate it): the layers look it up on every forward."""
+    index: dict = {}
+    for (rows, n, k, act), launch in sorted(table.items(), key=lambda item: item[0][0]):
+        assert launch.path in PATHS, f"unknown FP8 path {launch.path!r}"
+        limit = {"gemv": gemv_kernels.MAX_ROWS, "scaled_gemv": SCALED_GEMV_MAX_ROWS}.get(launch.path)
+        assert limit is None or rows <= limit, f"{launch.path} takes at most {limit} rows, the table says {rows}"
+        index.setdefault((n, k, act), []).append((rows, launch))
+    return index
+
+
+_indexed: tuple[dict | None, dict] = (None, {})
