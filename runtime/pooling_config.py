@@ -3,9 +3,10 @@
 `--runner auto` picks pooling for a checkpoint that carries a sentence-transformers Pooling module
 (`modules.json`) or whose architecture is a bare `*Model` (LlamaModel, Qwen2Model: what AutoModel
 saves), and generate otherwise. The pooling type and normalization come, in this order, from
-`--pooler-config` (JSON), the sentence-transformers files (`1_Pooling/config.json`'s
-`pooling_mode_*` flag; normalize only when a Normalize module is listed), and the decoder default
-(LAST, normalized). Standard library only: `pagoda plan` and the operator may import it.
+`--pooler-config` (JSON), the sentence-transformers files (`1_Pooling/config.json`'s `pooling_mode`,
+or the older `pooling_mode_*` flags; normalize only when a Normalize module is listed), and the
+decoder default (LAST, normalized). Dense modules after the pooling are applied to the pooled
+vector in order (worker/st_dense.py), as vLLM applies a checkpoint's projector. Standard library only: `pagoda plan` and the operator may import it.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from pagoda.runtime.engine_args import RUNNERS
 logger = logging.getLogger(__name__)
 
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
-ST_POOLING = "sentence_transformers.models.Pooling"
-ST_NORMALIZE = "sentence_transformers.models.Normalize"
-# Sentence-transformers modules that change the embedding after pooling; ignoring them would give
-# wrong vectors, so a checkpoint that lists one is refused.
-ST_UNSUPPORTED = ("sentence_transformers.models.Dense", "sentence_transformers.models.LayerNorm",
-                  "sentence_transformers.models.WeightedLayerPooling")
+# Sentence-transformers modules by class name: `sentence_transformers.models.Pooling` (before 5.x) and
+# `sentence_transformers.sentence_transformer.modules.pooling.Pooling` (6.x) are one module.
+ST_AFTER_POOLING = ("Dense", "Normalize")  # applied: Dense projections in order, then L2 normalization
+# Modules that change the embedding in ways Pagoda does not apply; ignoring them would give wrong
+# vectors, so a checkpoint that lists one is refused.
+ST_UNSUPPORTED = ("LayerNorm", "WeightedLayerPooling", "Dropout", "CNN", "LSTM", "Router")
+ST_POOLING_NAMES = {"lasttoken": "LAST", "mean": "MEAN", "mean_tokens": "MEAN", "cls": "CLS", "cls_token": "CLS"}
 # Architecture suffixes vLLM maps to a runner (its _SUFFIX_TO_DEFAULTS, the text-only part).
 GENERATE_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration", "ChatModel", "LMHeadModel")
 POOLING_SUFFIXES = ("ForTextEncoding", "EmbeddingModel", "Model")
@@ -35,6 +37,10 @@ POOLING_SUFFIXES = ("ForTextEncoding", "EmbeddingModel", "Model")
 class PoolerConfig:
     pooling_type: str = "LAST"  # LAST, MEAN or CLS, over the final norm's hidden states
     normalize: bool = True  # L2-normalize the pooled vector (a request may override)
+    # The sentence-transformers Dense folders applied to the pooled vector, in order, and the
+    # embedding's size after them (None: the hidden size).
+    dense: tuple[str, ...] = ()
+    dimension: int | None = None
 
 
 def parse_pooler_override(text: str | None) -> dict:
@@ -63,28 +69,57 @@ def parse_pooler_override(text: str | None) -> dict:
     return out
 
 
+def st_class(module: dict) -> str:
+    """A modules.json entry's class name ('Dense'), whatever package path the release wrote."""
+    kind = module.get("type", "")
+    return kind.rsplit(".", 1)[-1] if kind.startswith("sentence_transformers") else kind
+
+
 def sentence_transformers_pooling(path: Path) -> dict | None:
-    """{"pooling_type", "normalize"} from a sentence-transformers checkpoint, or None without one."""
+    """{"pooling_type", "normalize", "dense", "dimension"} from a sentence-transformers checkpoint,
+    or None without one."""
     modules_file = Path(path) / "modules.json"
     if not modules_file.is_file():
         return None
     modules = json.loads(modules_file.read_text())
-    types = [m.get("type", "") for m in modules]
-    for kind in types:
+    classes = [st_class(m) for m in modules]
+    for kind, module in zip(classes, modules):
         if kind in ST_UNSUPPORTED:
-            raise ValueError(f"{modules_file} lists {kind}, which Pagoda's pooling runner does not apply; "
-                             "its embeddings would be wrong")
-    pooling = next((m for m in modules if m.get("type") == ST_POOLING), None)
-    if pooling is None:
+            raise ValueError(f"{modules_file} lists {module.get('type')}, which Pagoda's pooling runner does "
+                             "not apply; its embeddings would be wrong")
+    if "Pooling" not in classes:
         return None
-    settings = json.loads((Path(path) / pooling["path"] / "config.json").read_text())
-    modes = [k.removeprefix("pooling_mode_") for k, v in settings.items() if k.startswith("pooling_mode_") and v is True]
-    names = {"lasttoken": "LAST", "mean_tokens": "MEAN", "cls_token": "CLS"}
-    if len(modes) != 1 or modes[0] not in names:
-        raise ValueError(f"{pooling['path']}/config.json asks for pooling {modes or 'none'}; Pagoda pools with "
-                         "exactly one of pooling_mode_lasttoken, pooling_mode_mean_tokens, pooling_mode_cls_token")
-    # As vLLM reads it: normalized only when the module list has a Normalize step.
-    return {"pooling_type": names[modes[0]], "normalize": ST_NORMALIZE in types}
+    after = modules[classes.index("Pooling") + 1:]
+    for module in after:
+        if st_class(module) not in ST_AFTER_POOLING:
+            raise ValueError(f"{modules_file} lists {module.get('type')} after Pooling; Pagoda applies only "
+                             "Dense projections and a final Normalize there")
+    after_classes = [st_class(m) for m in after]
+    if "Normalize" in after_classes and "Dense" in after_classes[after_classes.index("Normalize"):]:
+        raise ValueError(f"{modules_file} normalizes before a Dense projection; Pagoda normalizes last")
+    pooling = modules[classes.index("Pooling")]
+    dense = tuple(m["path"] for m in after if st_class(m) == "Dense")
+    dimension = None
+    if dense:
+        dimension = int(json.loads((Path(path) / dense[-1] / "config.json").read_text())["out_features"])
+    return {"pooling_type": _pooling_mode(Path(path) / pooling["path"] / "config.json"),
+            # As vLLM reads it: normalized only when the module list has a Normalize step.
+            "normalize": "Normalize" in after_classes, "dense": dense, "dimension": dimension}
+
+
+def _pooling_mode(config_file: Path) -> str:
+    """LAST, MEAN or CLS from a Pooling config: 6.x's `pooling_mode` or the older pooling_mode_* flags."""
+    settings = json.loads(config_file.read_text())
+    if "pooling_mode" in settings:
+        mode = settings["pooling_mode"]
+        modes = list(mode) if isinstance(mode, (list, tuple)) else [mode]
+    else:
+        modes = [k.removeprefix("pooling_mode_") for k, v in settings.items()
+                 if k.startswith("pooling_mode_") and v is True]
+    if len(modes) != 1 or modes[0] not in ST_POOLING_NAMES:
+        raise ValueError(f"{config_file.parent.name}/config.json asks for pooling {modes or 'none'}; Pagoda "
+                         "pools with exactly one of lasttoken, mean and cls")
+    return ST_POOLING_NAMES[modes[0]]
 
 
 def resolve_runner(runner: str, path: Path, architecture: str) -> str:

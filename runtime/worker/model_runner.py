@@ -39,6 +39,7 @@ from pagoda.runtime.worker.model_loader import TORCH_DTYPES, kv_cache_torch_dtyp
 from pagoda.runtime.worker.piecewise_graphs import MixedStepGraphs, mixed_capture_sizes, padded_tokens
 from pagoda.runtime.worker.pooler import Pooler
 from pagoda.runtime.worker.sampler import Sampler, gather_logprobs
+from pagoda.runtime.worker.st_dense import dense_projection
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +115,8 @@ class ModelRunner:
         self.model = load_model(model_config, device, load_format, seed, pooling=pooling_type is not None,
                                 quantization=quantization)
         # The pooling runner (--runner pooling) pools hidden states instead of sampling.
-        self.pooler = Pooler(pooling_type) if pooling_type is not None else None
+        self.pooler = Pooler(pooling_type, dense_projection(model_config.path, device)) \
+            if pooling_type is not None else None
         self.sampler = Sampler(model_config.vocab_size, device, seed)
         self.max_num_seqs = max_num_seqs
         self.max_num_tokens = max(max_num_batched_tokens, max_num_seqs)

@@ -8,7 +8,8 @@ the prompt afresh, so a preempted request, recomputed from its start, is pooled 
 need every row's hidden state, so the engine runs them without prefix caching (a cached prefix is
 never computed); LAST needs only the last row, which is always computed.
 
-The vectors come back raw (float32, unnormalized): normalization and matryoshka truncation are
+A checkpoint's sentence-transformers Dense modules then project the completed vectors
+(worker/st_dense.py). The vectors come back raw (float32, unnormalized): normalization and matryoshka truncation are
 per request, done by the frontend (frontend/pooling.py).
 """
 
@@ -24,8 +25,9 @@ from pagoda.runtime.core.scheduler import ScheduledRequest
 
 
 class Pooler:
-    def __init__(self, pooling_type: str):
+    def __init__(self, pooling_type: str, project=None):
         self.pooling_type = pooling_type
+        self.project = project  # the checkpoint's Dense modules (st_dense.DenseStack), or None
         self.partial: dict[str, tuple[Request, torch.Tensor]] = {}  # MEAN: running sum; CLS: row 0
 
     def pool(self, hidden: torch.Tensor, scheduled: Sequence[ScheduledRequest]
@@ -62,7 +64,8 @@ class Pooler:
             row0 += n
         if not done_ids:
             return None
-        return done_ids, torch.stack(done_rows)
+        vectors = torch.stack(done_rows)
+        return done_ids, vectors if self.project is None else self.project(vectors)
 
     def _forget_finished(self) -> None:
         """Running sums of prompts aborted between chunks."""

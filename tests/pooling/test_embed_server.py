@@ -108,6 +108,10 @@ def test_normalize_and_truncation_fields(mean_server, st_mean, hf_embed):
      "--trust-request-chat-template"),
     ({"messages": [{"role": "user", "content": "x" * 30}] * 3}, "messages", "maximum context length is 64"),
     ({"input": "x", "embed_dtype": "float16"}, "embed_dtype", "not supported"),
+    ({"input": "x", "endianness": "big"}, "endianness", "not supported"),
+    ({"input": "x", "priority": 3}, "priority", "not supported"),
+    ({"input": "x", "normalise": True}, "normalise", "not a field"),
+    ({"input": "x", "temperature": 0.5}, "temperature", "not a field"),
 ])
 def test_bad_input_is_a_400_in_openai_shape(mean_server, body, param, message):
     reply = httpx.post(f"{mean_server.v1}/embeddings", json=body)
@@ -115,6 +119,19 @@ def test_bad_input_is_a_400_in_openai_shape(mean_server, body, param, message):
     error = reply.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param
     assert message in error["message"]
+
+
+def test_unknown_fields_are_refused_through_the_sdk_and_harmless_defaults_pass(mean_server):
+    """The SDK's extra_body reaches the schema: an unknown field is a 400 naming it (it used to be
+    ignored), while vLLM's fields sent with the value that asks for nothing are accepted."""
+    sdk = client(mean_server)
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.embeddings.create(model=MODEL, input="x", extra_body={"pooling_type": "CLS"})
+    assert info.value.body["param"] == "pooling_type" and "not a field" in info.value.body["message"]
+    harmless = {"embed_dtype": "float32", "endianness": "native", "priority": 0, "request_id": None}
+    plain = sdk.embeddings.create(model=MODEL, input="x", encoding_format="float")
+    assert sdk.embeddings.create(model=MODEL, input="x", encoding_format="float",
+                                 extra_body=harmless).data[0].embedding == plain.data[0].embedding
 
 
 def test_chat_style_messages_embed_their_rendered_conversation(mean_server, st_mean, hf_embed):

@@ -54,12 +54,17 @@ def test_a_bad_pooler_config_is_refused_with_a_reason(tiny_causal, override, mes
 
 def test_pooling_modes_pagoda_cannot_apply_are_refused(tmp_path):
     write_sentence_transformers(tmp_path, "max_tokens", normalize=True)
-    with pytest.raises(ValueError, match="pooling_mode_lasttoken"):
+    with pytest.raises(ValueError, match="exactly one of lasttoken, mean and cls"):
         pooler_config_for("auto", tmp_path, "LlamaForCausalLM")
+    write_sentence_transformers(tmp_path, "mean_tokens", normalize=True)
     modules = json.loads((tmp_path / "modules.json").read_text())
-    modules.append({"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"})
-    (tmp_path / "modules.json").write_text(json.dumps(modules))
-    with pytest.raises(ValueError, match="Dense"):
+    dense = {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}
+    (tmp_path / "modules.json").write_text(json.dumps(modules + [dense]))
+    with pytest.raises(ValueError, match="normalizes before a Dense"):
+        pooler_config_for("auto", tmp_path, "LlamaForCausalLM")
+    layer_norm = dict(dense, path="3_LayerNorm", type="sentence_transformers.models.LayerNorm")
+    (tmp_path / "modules.json").write_text(json.dumps(modules[:2] + [layer_norm]))
+    with pytest.raises(ValueError, match="LayerNorm"):
         pooler_config_for("auto", tmp_path, "LlamaForCausalLM")
 
 

@@ -5,21 +5,32 @@ from __future__ import annotations
 import time
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from pagoda.runtime.frontend.server import unsupported
 from pagoda.runtime.frontend.server.chat_template_request import ChatTemplateFields
 from pagoda.runtime.frontend.server.protocol import ChatMessage, TokenId, UsageInfo, _Request
 from pagoda.runtime.frontend.server.unicode import Text
 
-# vLLM's embedding fields that Pagoda does not implement: a 400 names them, never a silent 200.
-UNSUPPORTED_FIELDS = ("embed_dtype", "endianness", "mm_processor_kwargs")
+# vLLM's embedding fields that Pagoda does not implement -> the values that ask for nothing (as in
+# server/unsupported.py): those are dropped, any other value is a 400 naming the field, and a field
+# nobody defines is a 400 as well, never a silent 200.
+NOT_IMPLEMENTED: dict[str, tuple] = {
+    "embed_dtype": ("float32",),
+    "endianness": ("native",),
+    "mm_processor_kwargs": unsupported.ANY,
+    "priority": (0,),
+    "request_id": unsupported.ANY,
+    "cache_salt": unsupported.ANY,
+    "use_activation": (True,),  # vLLM's newer name for normalize; send `normalize`
+    "media_io_kwargs": unsupported.ANY,
+}
 
 
 class EmbeddingRequest(_Request, ChatTemplateFields):
     """OpenAI's `input`, or vLLM's chat-style `messages` (one conversation, through the chat template)."""
 
-    # Extra fields are kept so that the unsupported ones can be refused by name; others are ignored.
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: Text | None = None
     input: Text | list[Text] | list[TokenId] | list[list[TokenId]] | None = None
@@ -36,6 +47,11 @@ class EmbeddingRequest(_Request, ChatTemplateFields):
     add_generation_prompt: bool = False
     continue_final_message: bool = False
     normalize: bool | None = Field(None, description="L2-normalize (default: the model's pooler config).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unimplemented_fields(cls, data):
+        return unsupported.refuse_unimplemented(cls, data, known=NOT_IMPLEMENTED)
 
 
 class EmbeddingData(BaseModel):

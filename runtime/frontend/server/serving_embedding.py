@@ -16,7 +16,6 @@ from fastapi import Request
 
 from pagoda.runtime.frontend.server.chat_template_request import chat_render
 from pagoda.runtime.frontend.server.embedding_protocol import (
-    UNSUPPORTED_FIELDS,
     EmbeddingData,
     EmbeddingRequest,
     EmbeddingResponse,
@@ -39,9 +38,6 @@ class ServingEmbedding(OpenAIServing):
     async def create(self, req: EmbeddingRequest, raw: Request, max_inputs: int) -> EmbeddingResponse:
         check_runner(self.client, "Embeddings", pooling=True)
         model = self.check_model(req.model)
-        for name in UNSUPPORTED_FIELDS:
-            if name in (req.model_extra or {}):
-                raise bad_request(f"{name} is not supported on /v1/embeddings", param=name)
         params = PoolingParams(self._dimensions(req.dimensions, model), req.normalize, req.truncate_prompt_tokens)
         prompts = await self._inputs(req, max_inputs)
         request_id = random_id("embd")
@@ -62,9 +58,10 @@ class ServingEmbedding(OpenAIServing):
         if isinstance(allowed, list) and dimensions not in allowed:
             raise bad_request(f'Model "{model}" only supports {allowed} for matryoshka representation, got '
                               f"{dimensions}", param="dimensions")
-        hidden = self.client.model_config.hidden_size
-        if dimensions > hidden:
-            raise bad_request(f"dimensions ({dimensions}) is more than the model's {hidden}", param="dimensions")
+        # the embedding's size: the last Dense projection's, else the hidden size
+        size = self.client.pooler_config.dimension or self.client.model_config.hidden_size
+        if dimensions > size:
+            raise bad_request(f"dimensions ({dimensions}) is more than the model's {size}", param="dimensions")
         return dimensions
 
     async def _inputs(self, req: EmbeddingRequest, max_inputs: int) -> list[tuple[str | None, list[int]]]:
