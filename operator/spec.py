@@ -120,6 +120,10 @@ class EngineSpec(Model):
     tensor_parallel_size: int | None = Field(
         default=None, ge=1, le=8, description="GPUs one model copy spans; unset means resources.gpus (1 on CPU)."
     )
+    runner: Literal["auto", "generate", "pooling"] = Field(
+        default="auto", description="generate (text), pooling (an embedding server: /v1/embeddings), or auto "
+        "(pooling for a sentence-transformers or bare *Model checkpoint, as vLLM's --runner auto).",
+    )
     extra_args: list[Annotated[str, Field(max_length=MAX_EXTRA_ARG_LENGTH)]] = Field(
         default_factory=list, max_length=MAX_EXTRA_ARGS, description="Further `pagoda serve` flags, passed as-is."
     )

@@ -40,6 +40,7 @@ BROKEN = {
     "bad-dtype": (lambda s: s.update(engine={"dtype": "int3"}), "engine.dtype"),
     "bad-quantization": (lambda s: s.update(engine={"quantization": "int4"}), "engine.quantization"),
     "bad-kv-cache-dtype": (lambda s: s.update(engine={"kvCacheDtype": "fp16"}), "engine.kvCacheDtype"),
+    "bad-runner": (lambda s: s.update(engine={"runner": "embed"}), "engine.runner"),
     "negative-replicas": (lambda s: s.update(replicas=-1), "replicas"),
     "bad-memory": (lambda s: s.update(resources={"memory": "lots"}), "resources.memory"),
     "bad-port": (lambda s: s.update(service={"port": 70000}), "service.port"),

@@ -27,6 +27,7 @@ def engine_knobs(ms: ModelServer) -> dict:
         "enable_prefix_caching": None if engine.enable_prefix_caching else False,
         "quantization": engine.quantization,
         "kv_cache_dtype": None if engine.kv_cache_dtype == "auto" else engine.kv_cache_dtype,
+        "runner": None if engine.runner == "auto" else engine.runner,
         "tensor_parallel_size": ms.spec.tensor_parallel_size if ms.spec.tensor_parallel_size > 1 else None,
         "device": "cpu" if ms.spec.resources.gpus == 0 else None,
     }

@@ -73,7 +73,7 @@ def test_operator_engine_spec_maps_onto_engine_flags():
     assert spec_fields <= knobs, spec_fields - knobs
     engine = {"maxModelLen": 4096, "gpuMemoryUtilization": 0.8, "maxNumSeqs": 64, "maxNumBatchedTokens": 2048,
               "dtype": "float16", "enablePrefixCaching": False, "tensorParallelSize": 2, "quantization": "fp8",
-              "kvCacheDtype": "fp8_e4m3"}
+              "kvCacheDtype": "fp8_e4m3", "runner": "pooling"}
     ms = _modelserver(engine, resources={"gpus": 2})
     assert set(engine_knobs(ms)) <= knobs
     args = build_parser("serve").parse_args(["serve", *serve_args(ms, "/models/m")])
@@ -82,13 +82,13 @@ def test_operator_engine_spec_maps_onto_engine_flags():
     assert (parsed.max_model_len, parsed.gpu_memory_utilization, parsed.max_num_seqs) == (4096, 0.8, 64)
     assert (parsed.max_num_batched_tokens, parsed.dtype) == (want.max_num_batched_tokens, want.dtype)
     assert parsed.enable_prefix_caching is False and parsed.tensor_parallel_size == 2
-    assert (parsed.quantization, parsed.kv_cache_dtype) == ("fp8", "fp8_e4m3")
+    assert (parsed.quantization, parsed.kv_cache_dtype, parsed.runner) == ("fp8", "fp8_e4m3", "pooling")
     # Unset settings leave the runtime's defaults, and a CPU pod runs on the CPU.
     cpu = engine_args_from(build_parser("serve").parse_args(
         ["serve", *serve_args(_modelserver({}, resources={"gpus": 0}), "/models/m")]))
     defaults = EngineArgs(model="/models/m")
-    assert (cpu.max_model_len, cpu.max_num_seqs, cpu.enable_prefix_caching, cpu.device) == (
-        defaults.max_model_len, defaults.max_num_seqs, True, "cpu")
+    assert (cpu.max_model_len, cpu.max_num_seqs, cpu.enable_prefix_caching, cpu.device, cpu.runner) == (
+        defaults.max_model_len, defaults.max_num_seqs, True, "cpu", "auto")
 
 
 def _other_value(f):
