@@ -25,7 +25,7 @@ import torch
 
 from pagoda.runtime.core.kv.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.outputs import EngineCoreOutput, EngineStats
-from pagoda.runtime.core.request import Request, RequestStatus
+from pagoda.runtime.core.request import FINISH_REASONS, Request, RequestStatus
 from pagoda.runtime.core.scheduler import Scheduler
 from pagoda.runtime.core.structured_outputs import StructuredOutputManager
 from pagoda.runtime.engine_args import EngineArgs
@@ -225,7 +225,7 @@ class EngineCore:
         if overlap is not None:
             overlap()
         result = pending.wait()
-        updated = self.scheduler.update_from_output(sched, result.sampled)
+        updated = self.scheduler.update_from_output(sched, result.sampled_requests, result.sampled_tokens)
         outputs = self._outputs(updated, result.logprobs, result.prompt_logprobs)
         if result.pooled:
             outputs += self._pooled_outputs(result.pooled)
@@ -260,17 +260,19 @@ class EngineCore:
 
     def _outputs(self, updated: list[Request], logprobs: dict, prompt_logprobs: dict) -> list[EngineCoreOutput]:
         outputs = []
+        append, reasons = outputs.append, FINISH_REASONS
+        # Once per running request per step: no dict lookups unless the step has logprobs.
         for r in updated:
-            lp = logprobs.get(r.request_id)
+            lp = logprobs.get(r.request_id) if logprobs else None
             plp = prompt_logprobs.pop(r.request_id, None) if prompt_logprobs else None
             if plp is not None:
                 r.num_prompt_logprobs += len(plp)
-            if r.num_output_tokens == 1 and r.index == 0:
-                self.prompt_tokens += r.num_prompt_tokens
-            stop_reason = r.stop_reason
-            outputs.append(EngineCoreOutput(
+            if r.index == 0 and len(r.output_token_ids) == 1:
+                self.prompt_tokens += len(r.prompt_token_ids)
+            cached = r.num_cached_tokens
+            append(EngineCoreOutput(
                 r.request_id, [r.output_token_ids[-1]], None if lp is None else [lp], plp,
-                r.status.finish_reason, stop_reason, max(r.num_cached_tokens, 0), r.first_scheduled_time,
+                reasons[r.status], r.stop_reason, cached if cached > 0 else 0, r.first_scheduled_time,
                 r.num_preemptions,
             ))
         self.generation_tokens += len(updated)

@@ -27,7 +27,11 @@ class RequestStatus(enum.IntEnum):
 
     @property
     def finish_reason(self) -> str | None:
-        return {3: "stop", 4: "length", 5: "abort"}.get(int(self))
+        return FINISH_REASONS[self]
+
+
+# RequestStatus -> the finish reason it reports (None while unfinished), indexed by the status.
+FINISH_REASONS = (None, None, None, "stop", "length", "abort")
 
 
 @dataclass(slots=True, eq=False)
@@ -58,10 +62,21 @@ class Request:
     num_prompt_logprobs: int = 0  # prompt positions whose logprobs were already reported
     first_scheduled_time: float | None = None
     grammar: RequestGrammar | None = None  # structured outputs: its compile, then its matcher
+    # Facts of the sampling params the scheduler reads for every row of every step, fixed at
+    # arrival (the params do not change while the request runs).
+    needs_history: bool = field(default=False, init=False)  # SamplingParams.needs_history
+    # The EOS id that ends it (None with ignore_eos), and whether that and the length are its only
+    # stops (no stop token ids, no min_tokens, no grammar): Scheduler.update_from_output's fast path.
+    stop_eos: int | None = field(default=None, init=False)
+    simple_stops: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         if not self.parent_id:
             self.parent_id = self.request_id
+        params = self.sampling_params
+        self.needs_history = params.needs_history
+        self.stop_eos = None if params.ignore_eos else self.eos_token_id
+        self.simple_stops = not params.stop_token_ids and params.min_tokens == 0 and self.grammar is None
         self._update_block_hashes()
 
     @property

@@ -120,7 +120,8 @@ class Scheduler:
             return None
         nxt = SchedulerOutput(ahead=True)
         scheduled, max_len, finished = nxt.scheduled, self.max_model_len, RequestStatus.FINISHED_STOPPED
-        # Once per running request per step: Request's properties are inlined here.
+        # Once per running request per step: Request's properties are inlined here. The items
+        # are current's own (each is one decode token of its request, and nothing changes them).
         for item in current.scheduled:
             r = item.request
             if r.status >= finished:
@@ -129,21 +130,20 @@ class Scheduler:
             num_tokens = len(r.prompt_token_ids) + num_output
             if item.num_tokens != 1 or r.num_computed_tokens + 1 != num_tokens:
                 return None
-            if r.sampling_params.needs_history:
+            if r.needs_history:
                 return None  # its sampling reads the tokens so far on the host
             if r.grammar is not None:
                 nxt.defer_sampling = True  # its mask needs `current`'s token in its matcher
             if num_output + 1 >= r.max_tokens or num_tokens + 1 >= max_len:
                 continue  # `current` gives its last token (_reaches_length with one pending)
-            scheduled.append(ScheduledRequest(r, 1))
-        if not nxt.scheduled:
+            scheduled.append(item)
+        if not scheduled:
             return None
         # Room for the in-flight token and the next one, for all or none: a partial allocation
         # would hold blocks a step early for requests that then run synchronously.
-        if sum(self.kv.num_new_blocks(item.request, 2) for item in nxt.scheduled) > self.kv.block_pool.num_free_blocks:
+        if not self.kv.allocate_decode_slots([item.request for item in scheduled], 2):
             return None
-        for item in nxt.scheduled:
-            self.kv.allocate_slots(item.request, 2)
+        for item in scheduled:
             item.request.num_in_flight_tokens += 1
         return nxt
 
@@ -202,27 +202,49 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+    def update_from_output(self, out: SchedulerOutput, sampled_requests: list[Request], tokens: list[int]
+                           ) -> list[Request]:
         """Advance each scheduled request, append its sampled token and apply token-level stops.
+        sampled_requests and tokens: the rows that sampled, in the runner's row order.
 
         Returns the requests that produced a token this step; finished ones are already freed.
         """
-        updated = []
-        ahead, finished = out.ahead, RequestStatus.FINISHED_STOPPED
-        for item in out.scheduled:
-            request = item.request
-            if ahead:
+        finished, length_capped = RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED
+        if out.ahead:
+            for item in out.scheduled:
+                request = item.request
                 request.num_in_flight_tokens -= 1
+                if request.status < finished:  # else stopped or aborted since: its row is dropped
+                    request.num_computed_tokens += 1
+        else:
+            for item in out.scheduled:
+                request = item.request
+                if request.status < finished:
+                    request.num_computed_tokens += item.num_tokens
+        updated = []
+        max_len = self.max_model_len
+        # Once per running request per step: Request.append_output_token and _check_stop's common
+        # case (stops on EOS and length only) are inlined.
+        for request, token in zip(sampled_requests, tokens):
             if request.status >= finished:
-                continue  # stopped or aborted after this step was scheduled ahead: drop its row
-            request.num_computed_tokens += item.num_tokens
-            token = sampled.get(request.request_id)
-            if token is None:
-                continue  # mid-prefill: no token yet
-            request.append_output_token(token)
+                continue
+            output = request.output_token_ids
+            output.append(token)
+            num_output = len(output)
+            num_tokens = len(request.prompt_token_ids) + num_output
+            if (len(request.block_hashes) + 1) * request.block_size <= num_tokens:
+                request._update_block_hashes()  # a block filled
             updated.append(request)
-            if self._check_stop(request):
-                self.finish_request(request, request.status)
+            if request.simple_stops:
+                if token == request.stop_eos:
+                    request.status = finished
+                elif num_output >= request.max_tokens or num_tokens >= max_len:
+                    request.status = length_capped
+                else:
+                    continue
+            elif not self._check_stop(request):
+                continue
+            self.finish_request(request, request.status)
         return updated
 
     def _check_stop(self, request: Request) -> bool:

@@ -6,8 +6,10 @@ graph captured over them stays valid. BatchBuilder writes each step's metadata i
 staging array, copies the used prefix to the device in one H2D copy, and scatters it into the
 buffers with device copies. Nothing is read back, so building a batch never waits for the GPU.
 
-Block tables change little from step to step, so the builder keeps each request's block ids and
-a persistent host table, and rewrites a row only when its owner or length changed.
+Block tables change little from step to step, so the builder keeps a persistent host table and
+rewrites a row only where its owner or length changed (block_tables.py). A decode step (one token
+per sequence, the common step) is built with numpy over whole columns; a step with prefill rows
+row by row.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from pagoda.runtime.core.kv.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.request import Request
 from pagoda.runtime.core.scheduler import SchedulerOutput
+from pagoda.runtime.worker.block_tables import BlockTables
 
 
 class InputBuffers:
@@ -132,54 +135,81 @@ def batch_order(scheduled: list) -> tuple[list, list]:
     return scheduled, decodes
 
 
-@dataclass(slots=True)
-class _Blocks:
-    """One request's block ids, mirrored from the KV manager's list while that list lives."""
-
-    source: list  # the KV manager's block list for the request (the same object until freed)
-    ids: list[int]
-
-
 class BatchBuilder:
     def __init__(self, buffers: InputBuffers, block_size: int):
         self.buffers = buffers
         self.block_size = block_size
-        self.table = np.zeros((buffers.max_seqs, buffers.max_blocks), dtype=np.int32)
-        self.row_owner: list[_Blocks | None] = [None] * buffers.max_seqs
-        self.row_len = [0] * buffers.max_seqs
-        self.blocks: dict[str, _Blocks] = {}
-
-    def _block_ids(self, r: Request, kv: KVCacheManager) -> _Blocks:
-        # Read the manager's own list: get_block_ids would rebuild every id list every step.
-        source = kv.req_to_blocks.get(r.request_id, [])
-        entry = self.blocks.get(r.request_id)
-        if entry is None or entry.source is not source:
-            entry = self.blocks[r.request_id] = _Blocks(source, [b.block_id for b in source])
-        elif len(entry.ids) < len(source):
-            entry.ids.extend(b.block_id for b in source[len(entry.ids) :])
-        return entry
-
-    def _forget_finished(self, live: set[str]) -> None:
-        if len(self.blocks) > 2 * self.buffers.max_seqs + 64:
-            self.blocks = {k: v for k, v in self.blocks.items() if k in live}
+        self.tables = BlockTables(buffers.max_seqs, buffers.max_blocks)
+        self._rows = np.arange(buffers.max_seqs + 1)
 
     def build(self, sched: SchedulerOutput, kv: KVCacheManager, pad_seqs: int | None,
               pad_tokens: int | None = None) -> StepBatch:
         """Write the step's inputs into the buffers. pad_seqs (decode steps only) pads the batch
         to that many one-token sequences; pad_tokens (mixed-step graphs) pads it to that many
         rows that belong to no sequence."""
+        scheduled = sched.scheduled
+        num_seqs = len(scheduled)
+        num_tokens = sum(s.num_tokens for s in scheduled)
+        # A step scheduled ahead runs one token past what the requests have computed and hold:
+        # that token is still in flight, and the runner copies it into input_ids on the device.
+        ahead = int(sched.ahead)
+        batch = None
+        if num_tokens == num_seqs:
+            batch = self._decode_rows([s.request for s in scheduled], kv, ahead, pad_seqs, pad_tokens)
+        if batch is None:
+            batch = self._mixed_rows(sched, kv, ahead, pad_seqs, pad_tokens)
+        self.buffers.send(batch.layout)
+        batch.pad_seqs = pad_seqs or 0
+        return batch
+
+    def _decode_rows(self, requests: list[Request], kv: KVCacheManager, ahead: int, pad_seqs: int | None,
+                     pad_tokens: int | None) -> StepBatch | None:
+        """A step of one token per sequence, each the sequence's last known token (or the one in
+        flight), so every row samples: built with numpy over whole columns. None when a row is a
+        one-token prefill chunk (it samples nothing, and may want prompt logprobs): the general
+        path builds that step."""
+        bs, n = self.block_size, len(requests)
+        starts = [r.num_computed_tokens for r in requests]
+        if ahead:
+            ids = None  # in flight: the runner copies them in on the device
+        else:
+            ids = []
+            for r, start in zip(requests, starts):
+                prompt, output = r.prompt_token_ids, r.output_token_ids
+                if start + 1 != len(prompt) + len(output):
+                    return None
+                ids.append(output[-1] if output else prompt[-1])
+        width = self.tables.sync(requests, kv)
+        padded = pad_seqs or n
+        padded_tokens = pad_tokens or padded
+        pos = np.array(starts, dtype=np.int64)
+        if ahead:
+            pos += 1
+        batch = StepBatch(n, n, padded, padded_tokens, 1, int(pos.max()) + 1, num_decode_seqs=n,
+                          sample_requests=requests, sample_all_rows=True)
+        layout = batch.layout = StageLayout(padded_tokens, padded, 0, n, width)
+        st = self.buffers.next_stage()
+        st[layout.ids : layout.ids + n] = 0 if ids is None else ids
+        st[layout.pos : layout.pos + n] = pos
+        blocks = self.tables.table[self._rows[:n], pos // bs]
+        st[layout.slots : layout.slots + n] = blocks * bs + pos % bs
+        st[layout.seq_lens : layout.seq_lens + n] = pos + 1
+        st[layout.qsl : layout.qsl + n + 1] = self._rows[: n + 1]
+        self._pad(st, layout, n, n)
+        st[layout.table : layout.end].reshape(n, width)[:] = self.tables.table[:n, :width]
+        return batch
+
+    def _mixed_rows(self, sched: SchedulerOutput, kv: KVCacheManager, ahead: int, pad_seqs: int | None,
+                    pad_tokens: int | None) -> StepBatch:
         scheduled, decodes = batch_order(sched.scheduled)
         bs = self.block_size
         num_seqs = len(scheduled)
         num_tokens = sum(s.num_tokens for s in scheduled)
         padded = pad_seqs or num_seqs
         padded_tokens = pad_tokens or num_tokens + (padded - num_seqs)
-        entries = [self._block_ids(s.request, kv) for s in scheduled]
-        width = max(len(e.ids) for e in entries)
+        width = self.tables.sync([s.request for s in scheduled], kv)
+        table = self.tables.table
 
-        # A step scheduled ahead runs one token past what the requests have computed and hold:
-        # that token is still in flight, and the runner copies it into input_ids on the device.
-        ahead = int(sched.ahead)
         # Sampled rows first, on the host: whether they are all rows decides the layout.
         batch = StepBatch(num_tokens, num_seqs, padded, padded_tokens, 0, 0)
         logits_rows: list[int] = []
@@ -203,7 +233,7 @@ class BatchBuilder:
         batch.num_decode_seqs = len(decodes)
         batch.max_seq_len = max(seq_lens)
         batch.sample_all_rows = len(logits_rows) == num_seqs == num_tokens
-        layout = StageLayout(
+        layout = batch.layout = StageLayout(
             padded_tokens, padded, 0 if batch.sample_all_rows else len(logits_rows), num_seqs, width
         )
         st = self.buffers.next_stage()
@@ -214,10 +244,9 @@ class BatchBuilder:
 
         row0 = 0
         qsl[0] = 0
-        for i, (item, entry) in enumerate(zip(scheduled, entries)):
+        for i, item in enumerate(scheduled):
             r, n = item.request, item.num_tokens
             start = r.num_computed_tokens + ahead
-            table = entry.ids
             if n == 1:  # decode: scalar work beats numpy's per-call overhead
                 num_prompt = r.num_prompt_tokens
                 if ahead:
@@ -227,32 +256,28 @@ class BatchBuilder:
                 else:
                     ids[row0] = r.output_token_ids[start - num_prompt]
                 pos[row0] = start
-                slots[row0] = table[start // bs] * bs + start % bs
+                slots[row0] = table[i, start // bs] * bs + start % bs
             else:
                 p = np.arange(start, start + n)
                 ids[row0 : row0 + n] = r.token_ids_slice(start, start + n)
                 pos[row0 : row0 + n] = p
-                slots[row0 : row0 + n] = np.asarray(table, dtype=np.int64)[p // bs] * bs + p % bs
+                slots[row0 : row0 + n] = table[i, p // bs].astype(np.int64) * bs + p % bs
             row0 += n
             qsl[i + 1] = row0
-            if self.row_owner[i] is not entry:
-                self.table[i, : len(table)] = table
-                self.row_owner[i] = entry
-            elif self.row_len[i] < len(table):
-                self.table[i, self.row_len[i] : len(table)] = table[self.row_len[i] :]
-            self.row_len[i] = len(table)
         st[layout.seq_lens : layout.seq_lens + num_seqs] = seq_lens
-        # Padding rows: token 0 at position 0, no cache write, an empty context, one query row each.
-        ids[num_tokens:] = 0
-        pos[num_tokens:] = 0
-        slots[num_tokens:] = -1
-        st[layout.seq_lens + num_seqs : layout.seq_lens + padded] = 0
-        if padded > num_seqs:  # decode padding: one-token sequences of no context
-            qsl[num_seqs + 1 :] = np.arange(num_tokens + 1, padded_tokens + 1)
+        self._pad(st, layout, num_tokens, num_seqs)
         if layout.num_logits:
             st[layout.logits : layout.logits + layout.num_logits] = logits_rows
-        st[layout.table : layout.end].reshape(num_seqs, width)[:] = self.table[:num_seqs, :width]
-        self.buffers.send(layout)
-        batch.layout, batch.pad_seqs = layout, pad_seqs or 0
-        self._forget_finished({s.request.request_id for s in scheduled})
+        st[layout.table : layout.end].reshape(num_seqs, width)[:] = table[:num_seqs, :width]
         return batch
+
+    @staticmethod
+    def _pad(st: np.ndarray, layout: StageLayout, num_tokens: int, num_seqs: int) -> None:
+        """Padding rows: token 0 at position 0, no cache write, an empty context, one query row each."""
+        t, padded = layout.tokens, layout.seqs
+        st[layout.ids + num_tokens : layout.ids + t] = 0
+        st[layout.pos + num_tokens : layout.pos + t] = 0
+        st[layout.slots + num_tokens : layout.slots + t] = -1
+        st[layout.seq_lens + num_seqs : layout.seq_lens + padded] = 0
+        if padded > num_seqs:  # decode padding: one-token sequences of no context
+            st[layout.qsl + num_seqs + 1 : layout.qsl + padded + 1] = np.arange(num_tokens + 1, t + 1)

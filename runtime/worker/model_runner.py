@@ -46,7 +46,9 @@ logger = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class ModelRunnerOutput:
-    sampled: dict[str, int] = field(default_factory=dict)
+    # The rows that sampled, in row order, and their tokens (filled by PendingStep.wait).
+    sampled_requests: list[Request] = field(default_factory=list)
+    sampled_tokens: list[int] = field(default_factory=list)
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
     pooled: dict[str, np.ndarray] = field(default_factory=dict)  # pooling runner: finished prompts' vectors
@@ -75,9 +77,7 @@ class PendingStep:
         if self.token_ids is not None:
             if self.done is not None:
                 self.done.synchronize()
-            sampled = self.out.sampled
-            for r, token in zip(self.requests, self.token_ids.tolist()):
-                sampled[r.request_id] = token
+            self.out.sampled_requests, self.out.sampled_tokens = self.requests, self.token_ids.tolist()
             self.token_ids = None
         if self.pooled is not None:
             (ids, vectors), self.pooled = self.pooled, None

@@ -125,6 +125,32 @@ class KVCacheManager:
             request.request_id, 0
         )
 
+    def allocate_decode_slots(self, requests: list[Request], num_new_tokens: int) -> bool:
+        """allocate_slots(r, num_new_tokens) for every running request, or for none (False) when
+        the pool cannot give them all their new blocks. Most requests have room already (_has_room,
+        inlined: one pass per step over every running request), so only the rest are allocated."""
+        if self.sliding_window is not None:
+            if sum(self.num_new_blocks(r, num_new_tokens) for r in requests) > self.block_pool.num_free_blocks:
+                return False
+            for r in requests:
+                self.allocate_slots(r, num_new_tokens)
+            return True
+        bs, tables, num_cached = self.block_size, self.req_to_blocks, self.num_cached_blocks
+        rest, needed = [], 0
+        for r in requests:
+            blocks = tables.get(r.request_id, ())
+            total = r.num_computed_tokens + num_new_tokens
+            if total > len(blocks) * bs:
+                needed += -(-total // bs) - len(blocks)
+            elif min(total // bs, len(r.block_hashes)) <= num_cached.get(r.request_id, 0):
+                continue  # room, and no block newly full to cache
+            rest.append(r)
+        if needed > self.block_pool.num_free_blocks:
+            return False
+        for r in rest:
+            self._allocate(r, num_new_tokens, [])
+        return True
+
     def num_new_blocks(self, request: Request, num_new_tokens: int) -> int:
         """Blocks allocate_slots would take from the pool for a running request (no cache hits)."""
         total = request.num_computed_tokens + num_new_tokens
