@@ -4,11 +4,12 @@ tokenizers' DecodeStream turns one token at a time into text and returns nothing
 character is still incomplete, so text never ends in half a character. Priming it with the end of
 the prompt keeps tokenizers that strip a leading space (SentencePiece) from eating the first one.
 
-Without stop strings nothing in the engine depends on the text, so `update` only queues the ids
-and the text is produced when someone reads it (`get_text`, `flush`): a caller that wants only the
-final text pays for decoding once, at the end, and a streaming one pays after the step's GPU work
-is already launched. The tokens go through the stream in the same order either way, so the text
-is the same.
+Without stop strings nothing in the engine depends on the text, so the ids are only kept and the
+text is produced when someone reads it (`get_text`, `flush`): a caller that wants only the final
+text pays for decoding once, at the end, and a streaming one pays after the step's GPU work is
+already launched. The tokens go through the stream in the same order either way, so the text is
+the same. Given the completion's own token list (`token_ids`), the lazy detokenizer reads its ids
+from there, and a running completion's update is then nothing at all (OutputProcessor skips it).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from pagoda.runtime.sampling_params import SamplingParams
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, prompt_token_ids: list[int], params: SamplingParams):
+    def __init__(self, tokenizer, prompt_token_ids: list[int], params: SamplingParams,
+                 token_ids: list[int] | None = None):
         self.tokenizer = tokenizer
         self.backend = tokenizer.backend_tokenizer
         self.skip_special_tokens = params.skip_special_tokens
@@ -37,7 +39,14 @@ class IncrementalDetokenizer:
         for token_id in self._prompt_suffix(prompt_token_ids):
             self._step(token_id)
         self.pending: list[int] = []  # output tokens whose bytes do not yet form whole characters
-        self.queued: list[int] = []  # output tokens not decoded yet (no stop strings: lazy)
+        # No stop strings (lazy): the output ids, of which the first `num_decoded` went through the
+        # stream; `text_end` excludes a final EOS / stop token id that adds no text.
+        self.lazy = not self.stop
+        # The caller appends the ids to token_ids itself (stop strings decode in update instead).
+        self.shared = self.lazy and token_ids is not None
+        self.queued: list[int] = token_ids if self.shared else []
+        self.num_decoded = 0
+        self.text_end: int | None = None
 
     def _prompt_suffix(self, prompt: list[int]) -> list[int]:
         # The shortest tail of 4+ tokens that decodes cleanly (as vLLM picks it).
@@ -67,9 +76,10 @@ class IncrementalDetokenizer:
         return piece
 
     def _decode_queued(self) -> None:
-        if self.queued:
-            queued, self.queued = self.queued, []
-            self.output_text += "".join(self._step_output(t) for t in queued)
+        end = len(self.queued) if self.text_end is None else self.text_end
+        if self.num_decoded < end:
+            ids, self.num_decoded = self.queued[self.num_decoded : end], end
+            self.output_text += "".join(self._step_output(t) for t in ids)
 
     def flush(self) -> None:
         """At the end, bytes that never completed a character appear as U+FFFD, as in a full
@@ -88,13 +98,16 @@ class IncrementalDetokenizer:
         A token that ended the sequence through EOS or stop_token_ids adds no text unless
         include_stop_str_in_output.
         """
+        if self.lazy:
+            if not self.shared:
+                self.queued.extend(new_token_ids)
+            if stop_terminated and not self.include_stop_str_in_output:
+                self.text_end = len(self.queued) - 1
+            self.num_tokens = len(self.queued)
+            return None
         if stop_terminated and not self.include_stop_str_in_output:
             new_token_ids = new_token_ids[:-1]
             self.num_tokens += 1
-        if not self.stop:
-            self.num_tokens += len(new_token_ids)
-            self.queued.extend(new_token_ids)
-            return None
         stop_check_offset = len(self.output_text)
         for token_id in new_token_ids:
             self.num_tokens += 1

@@ -76,11 +76,7 @@ class OutputProcessor:
             prompt=prompt,
             prompt_token_ids=list(prompt_token_ids),
             output_kind=params.output_kind,
-            completions=[
-                CompletionState(i, IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params),
-                                [] if want_lp else None)
-                for i in range(params.n)
-            ],
+            completions=[_completion(i, self.tokenizer, prompt_token_ids, params, want_lp) for i in range(params.n)],
             metrics=RequestMetrics(arrival_time=arrival_time),
             prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
             num_unfinished=params.n,
@@ -141,11 +137,13 @@ class OutputProcessor:
                     state.num_unfinished -= 1
                 continue
             new_tokens[state.request_id] = new_tokens.get(state.request_id, 0) + len(o.new_token_ids)
-            c.token_ids.extend(o.new_token_ids)
+            c.token_ids += o.new_token_ids  # the lazy detokenizer reads this list too
             if o.new_logprobs and c.logprobs is not None:
                 for lp in o.new_logprobs:
                     c.logprobs.append(self._logprob_dict(lp))
                     c.cumulative_logprob += lp.logprobs[0]
+            if o.finish_reason is None and c.detokenizer.lazy:
+                continue  # no stop string to look for: nothing to do until its text is read
             stop_str = c.detokenizer.update(o.new_token_ids, o.finish_reason == "stop")
             if stop_str is not None:  # a stop string wins over a length cap on the same token
                 c.finish_reason, c.stop_reason = "stop", stop_str
@@ -255,6 +253,13 @@ class OutputProcessor:
             if t not in out:  # the sampled token comes first and may also be in the top-k
                 out[t] = Logprob(lp, rank, self._piece(t))
         return out
+
+
+def _completion(index: int, tokenizer, prompt_token_ids: list[int], params: SamplingParams,
+                want_logprobs: bool) -> CompletionState:
+    token_ids: list[int] = []
+    detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, params, token_ids)
+    return CompletionState(index, detokenizer, [] if want_logprobs else None, token_ids)
 
 
 def _first_scheduled(state: RequestState) -> float | None:
