@@ -151,6 +151,7 @@ class StepTimer:
 
     def summary(self) -> dict:
         kinds: dict[str, dict] = {}
+        per_call: dict[str, list[float]] = {}
         for seconds, cpu, launches in self.calls:
             if not launches:
                 # A call that only read the step launched ahead by the one before: its time belongs
@@ -161,6 +162,7 @@ class StepTimer:
             k = kinds.setdefault(kind, {"calls": 0, "launches": 0, "rows": 0, "host_s": 0.0, "cpu_s": 0.0})
             k["calls"] += 1
             k["cpu_s"] += cpu
+            per_call.setdefault(kind, []).append(cpu)
             k["launches"] += len(launches)
             k["rows"] += sum(n for _, n in launches)
             k["host_s"] += seconds
@@ -173,6 +175,12 @@ class StepTimer:
             k["cpu_ms_per_step"] = round(k["cpu_s"] * 1e3 / max(k["launches"], 1), 4)
             k["cpu_us_per_row"] = round(k["cpu_s"] * 1e6 / max(k["rows"], 1), 3)
             k["host_s"], k["cpu_s"] = round(k["host_s"], 4), round(k["cpu_s"], 4)
+        for kind, cpus in per_call.items():
+            # The slowest calls: a step whose host work outlasts the GPU's leaves the GPU idle, which
+            # an average hides (e.g. a whole wave of requests finishing, and detokenized, at once).
+            cpus.sort()
+            kinds[kind]["cpu_ms_p99_call"] = round(cpus[int(0.99 * (len(cpus) - 1))] * 1e3, 3)
+            kinds[kind]["cpu_ms_max_call"] = round(cpus[-1] * 1e3, 3)
         return kinds
 
 
@@ -283,7 +291,8 @@ def main() -> int:
             print(f"seats {seats} run {i}: {json.dumps(run)}", flush=True)
         entry = {"runs": runs}
         for kind in ("decode", "prefill"):
-            for figure in ("host_ms_per_step", "host_us_per_row", "cpu_ms_per_step", "cpu_us_per_row"):
+            for figure in ("host_ms_per_step", "host_us_per_row", "cpu_ms_per_step", "cpu_us_per_row",
+                           "cpu_ms_p99_call", "cpu_ms_max_call"):
                 values = [r["steps"][kind][figure] for r in runs if kind in r["steps"]]
                 if values:
                     entry[f"{kind}_{figure}_median"] = statistics.median(values)
@@ -311,7 +320,8 @@ def main() -> int:
         result["seats"][str(seats)] = entry
         print(f"seats {seats}: decode {entry.get('decode_host_ms_per_step_median')} ms/step "
               f"({entry.get('decode_cpu_ms_per_step_median')} CPU), {entry.get('decode_host_us_per_row_median')} "
-              f"us/row/step ({entry.get('decode_cpu_us_per_row_median')} CPU), prefill steps "
+              f"us/row/step ({entry.get('decode_cpu_us_per_row_median')} CPU), slowest decode call "
+              f"{entry.get('decode_cpu_ms_max_call_median')} CPU ms, prefill steps "
               f"{entry.get('prefill_host_ms_per_step_median')} ms (median of {args.repeat})", flush=True)
         llm.shutdown()
     result["load_after"] = load()
