@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 
-# Every module of these folders shares one session fixture that is expensive to build (tests/kube:
-# a whole control plane), so they go to one worker together instead of one worker per module.
-ONE_WORKER = ("tests/kube/",)
+# The modules of these folders share session fixtures that are expensive to build (tests/kube: a
+# whole control plane; tests/router: two `pagoda serve` replicas and a router), so they go to one
+# worker together instead of each worker that gets one of them building its own.
+ONE_WORKER = ("tests/kube/", "tests/router/")
 
 
 def pytest_xdist_auto_num_workers(config):
@@ -32,7 +33,7 @@ def pytest_xdist_make_scheduler(config, log):
 
         def _assign_work_unit(self, node) -> None:
             # These folders are the longest single units of work: first out, so that nothing
-            # waits for them at the end of the run.
+            # waits for them at the end of the run (tests/kube, the longest, first of all).
             for folder in reversed(ONE_WORKER):
                 if folder in self.workqueue:
                     self.workqueue.move_to_end(folder, last=False)
