@@ -31,8 +31,9 @@ kube:
 	e2e/kube/build.sh
 
 # pytest exits 5 when it collects no tests; that is a broken suite, not a pass, so say so and fail.
-# The suite runs on one worker per core (at most 4), each test module whole on one worker, so module
-# fixtures are built once and a module's tests keep their order; the slowest tests are listed.
+# The suite runs on one worker per core plus one (at most 4; tests/conftest.py says why), each test
+# module whole on one worker, so module fixtures are built once and a module's tests keep their
+# order (tests/kube and tests/router whole on one worker each); the slowest tests are listed.
 PYTEST_FLAGS ?= -n auto --maxprocesses 4 --dist loadscope --durations 15
 test: $(STAMP) kube
 	$(VENV)/bin/ruff check .

@@ -1,7 +1,9 @@
 """Which kernel runs an FP8 linear layer at decode's few rows: a table of H200 measurements.
 
-Three paths compute y = x @ (q_w * s_w)^T for an e4m3 weight:
+Four paths compute y = x @ (q_w * s_w)^T for an e4m3 weight:
 - "gemv": the weight-only FP8 GEMV (gemv.py): x stays unquantized, silu_mul fused; 1..4 rows;
+- "gemv_fp8": its second version (gemv_fp8.py: x in the weights' register layout, no shared
+  memory or barrier in the loop, all rows in one loop); 1..8 rows;
 - "scaled_gemv": x quantized per token (by the norm or SiLU kernel before it where fused), then the
   tensor-core small-M FP8 GEMM (scaled_gemv.py); 1..16 rows;
 - "scaled_mm": x quantized, then torch._scaled_mm (cuBLASLt), the path for every other shape.
@@ -21,10 +23,13 @@ import torch
 
 from pagoda.kernels import gemv as gemv_kernels
 from pagoda.kernels.gemv import GemvConfig
+from pagoda.kernels.gemv_fp8 import MAX_ROWS as GEMV_FP8_MAX_ROWS
+from pagoda.kernels.gemv_fp8 import Fp8GemvConfig
 from pagoda.kernels.scaled_gemv import MAX_ROWS as SCALED_GEMV_MAX_ROWS
 from pagoda.kernels.scaled_gemv import ScaledGemvConfig
 
-PATHS = ("gemv", "scaled_gemv", "scaled_mm")
+PATHS = ("gemv", "gemv_fp8", "scaled_gemv", "scaled_mm")
+WEIGHT_ONLY = ("gemv", "gemv_fp8")  # x is not quantized
 # Rows up to which a shape without an entry takes the FP8 GEMV. Measured on the H200 (e2e/results/
 # gemv-fp8-at-d29891a/): at 1 row it takes 0.42-0.70x the time of quantize + _scaled_mm on the 8B
 # projections, at 4 rows 1.0-1.9x, so from 2 rows on _scaled_mm is taken.
@@ -34,11 +39,11 @@ FP8_GEMV_MAX_ROWS = 1
 @dataclass(frozen=True, slots=True)
 class Fp8Launch:
     path: str  # one of PATHS
-    config: GemvConfig | ScaledGemvConfig | None = None
+    config: GemvConfig | Fp8GemvConfig | ScaledGemvConfig | None = None
 
     @property
     def quantizes_input(self) -> bool:
-        return self.path != "gemv"
+        return self.path not in WEIGHT_ONLY
 
 
 # (rows, N, K, act) -> the fastest path at that many rows, measured (see the docstring).
@@ -73,7 +78,8 @@ def _index(table: dict) -> dict[tuple[int, int, str | None], list[tuple[int, Fp8
     index: dict = {}
     for (rows, n, k, act), launch in sorted(table.items(), key=lambda item: item[0][0]):
         assert launch.path in PATHS, f"unknown FP8 path {launch.path!r}"
-        limit = {"gemv": gemv_kernels.MAX_ROWS, "scaled_gemv": SCALED_GEMV_MAX_ROWS}.get(launch.path)
+        limit = {"gemv": gemv_kernels.MAX_ROWS, "gemv_fp8": GEMV_FP8_MAX_ROWS,
+                 "scaled_gemv": SCALED_GEMV_MAX_ROWS}.get(launch.path)
         assert limit is None or rows <= limit, f"{launch.path} takes at most {limit} rows, the table says {rows}"
         index.setdefault((n, k, act), []).append((rows, launch))
     return index

@@ -235,6 +235,49 @@ def _split_k_reduce_kernel(
     tl.store(out_ptr + m * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+def rows_and_out(x, weight, silu_mul: bool, out, max_rows: int, name: str):
+    """The GEMV wrappers' checks on x, weight [N, K] and out: (x as [M, K or 2K], out, out as
+    [M, N], M), out made in x's dtype when not given."""
+    n, k = weight.shape
+    assert x.shape[-1] == (2 * k if silu_mul else k), f"x {tuple(x.shape)} does not fit weight {(n, k)}"
+    assert weight.stride(1) == 1, "weight rows must be contiguous"
+    x2 = x.reshape(-1, x.shape[-1])
+    assert x2.stride(-1) == 1, "x rows must be contiguous"
+    m = x2.shape[0]
+    assert m <= max_rows, f"{name} takes at most {max_rows} rows, got {m}"
+    if out is None:
+        out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
+    return x2, out, out.view(-1, n), m
+
+
+def empty_result(out: torch.Tensor, bias, k: int) -> torch.Tensor:
+    """out for a product with no rows, columns or K: the bias, or zeros, where there is anything."""
+    if out.numel() and k == 0:
+        return out.copy_(bias.expand_as(out)) if bias is not None else out.zero_()
+    return out
+
+
+def split_k_plan(k: int, split_k: int, block_k: int) -> tuple[int, int]:
+    """(K per split, splits): every split but the last covers whole BLOCK_K chunks, and a split that
+    would start past K is dropped; K % (K per split) == 0 lets the loop run without masks."""
+    k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+    return k_per_split, triton.cdiv(k, k_per_split)
+
+
+def reduce_splits(partials, weight_scale, per_row: bool, bias, out2) -> None:
+    """Sum fp32 partials [splits, M, N] into out2 [M, N] in a fixed order, times weight_scale
+    (None: no scale) and plus the bias, as one launch."""
+    splits, m, n = partials.shape
+    block = min(1024, triton.next_power_of_2(n))
+    scale_arg = weight_scale if weight_scale is not None else partials  # never read
+    bias_arg = bias if bias is not None else partials  # never read
+    _split_k_reduce_kernel[(triton.cdiv(n, block), m)](
+        partials, scale_arg, bias_arg, out2, n, out2.stride(0),
+        M=m, SPLITS=splits, HAS_SCALE=weight_scale is not None, SCALE_PER_ROW=per_row,
+        HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+    )
+
+
 @functools.cache
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
@@ -265,25 +308,12 @@ def gemv(
         assert weight_scale.numel() in (1, n) and weight_scale.is_contiguous(), (
             f"weight_scale {tuple(weight_scale.shape)}: one per output row ({n}) or one per tensor")
     silu_mul = act == "silu_mul"
-    assert x.shape[-1] == (2 * k if silu_mul else k), f"x {tuple(x.shape)} does not fit weight {(n, k)}"
-    assert weight.stride(1) == 1, "weight rows must be contiguous"
-    x2 = x.reshape(-1, x.shape[-1])
-    assert x2.stride(-1) == 1, "x rows must be contiguous"
-    m = x2.shape[0]
-    assert m <= MAX_ROWS, f"gemv takes at most {MAX_ROWS} rows, got {m}"
-    if out is None:
-        out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
-    out2 = out.view(-1, n)
-    if m == 0 or n == 0:
-        return out
-    if k == 0:
-        return out.copy_(bias.expand_as(out)) if bias is not None else out.zero_()
+    x2, out, out2, m = rows_and_out(x, weight, silu_mul, out, MAX_ROWS, "gemv")
+    if m == 0 or n == 0 or k == 0:
+        return empty_result(out, bias, k)
     cfg = config or gemv_config(m, n, k, _num_sms(x.device), weight_bytes=1 if fp8 else 2)
 
-    # Every split but the last covers whole BLOCK_K chunks; a split that would start past K is
-    # dropped. EVEN_K (all splits full) lets the loop run without masks.
-    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
-    splits = triton.cdiv(k, k_per_split)
+    k_per_split, splits = split_k_plan(k, cfg.split_k, cfg.block_k)
     has_bias = bias is not None
     bias_arg = bias if has_bias else weight  # never read
     scale_arg = weight_scale if fp8 else weight  # never read
@@ -298,9 +328,5 @@ def gemv(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
-        block = min(1024, triton.next_power_of_2(n))
-        _split_k_reduce_kernel[(triton.cdiv(n, block), m)](
-            target, scale_arg, bias_arg, out2, n, out2.stride(0),
-            M=m, SPLITS=splits, HAS_SCALE=fp8, SCALE_PER_ROW=per_row, HAS_BIAS=has_bias, BLOCK=block, num_warps=4,
-        )
+        reduce_splits(target, scale_arg if fp8 else None, per_row, bias, out2)
     return out

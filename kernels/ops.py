@@ -204,20 +204,25 @@ def fp8_path(x, weight, bias=None, act=None):
     tensor-core small-M GEMM; "scaled_mm": x quantized, then torch._scaled_mm), from the table of
     measured launches at decode's few rows. It reads only x's shape, dtype and strides, never its
     values, so a captured CUDA graph keeps the choice its bucket made."""
-    from pagoda.kernels.fp8_dispatch import Fp8Launch, choose
+    from pagoda.kernels.fp8_dispatch import WEIGHT_ONLY, Fp8Launch, choose
 
     if not GEMV_ENABLED or x.dim() == 0 or x.numel() == 0 or not _on_gpu(x) or x.stride(-1) != 1:
         return Fp8Launch("scaled_mm")
     launch = choose(x.numel() // x.shape[-1], weight.shape[0], weight.shape[1], act, x.device)
-    if launch.path == "gemv" and not (x.dtype in (*_GEMV_DTYPES, torch.float32)
+    if launch.path in WEIGHT_ONLY and not (x.dtype in (*_GEMV_DTYPES, torch.float32)
                                       and (bias is None or bias.dtype == x.dtype)):
         return Fp8Launch("scaled_mm")
     return launch
 
 
-def fp8_gemv(x, weight, weight_scale, bias=None, act=None, config=None):
+def fp8_gemv(x, weight, weight_scale, bias=None, act=None, config=None, path="gemv"):
     """y = act(x) @ (weight * weight_scale)^T + bias for an e4m3 weight [N, K] and its float32 scales
-    (per row or per tensor), x left unquantized; act None or "silu_mul" (x then holds gate|up)."""
+    (per row or per tensor), x left unquantized; act None or "silu_mul" (x then holds gate|up).
+    path "gemv" runs kernels/gemv.py, "gemv_fp8" its second version (kernels/gemv_fp8.py)."""
+    if path == "gemv_fp8":
+        from pagoda.kernels.gemv_fp8 import fp8_gemv as triton_fp8_gemv
+
+        return triton_fp8_gemv(x, weight, weight_scale, bias, act=act, config=config)
     from pagoda.kernels.gemv import fp8_launch, gemv
 
     n, k = weight.shape

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagoda.kernels.gemv import _num_sms, _split_k_reduce_kernel
+from pagoda.kernels.gemv import _num_sms, empty_result, reduce_splits, split_k_plan
 from pagoda.kernels.quant_fp8_ref import FP8_DTYPE
 
 MAX_ROWS = 16  # the MMA's N side: rows 1..16 are one tile
@@ -109,13 +109,10 @@ def scaled_gemv(
     assert weight_scale.dtype == torch.float32 and weight_scale.numel() == n and weight_scale.is_contiguous(), (
         f"weight_scale {tuple(weight_scale.shape)}: float32, one per output row ({n})")
     out = torch.empty(m, n, dtype=out_dtype, device=q.device)
-    if m == 0 or n == 0:
-        return out
-    if k == 0:
-        return out.copy_(bias.expand_as(out)) if bias is not None else out.zero_()
+    if m == 0 or n == 0 or k == 0:
+        return empty_result(out, bias, k)
     cfg = config or scaled_gemv_config(n, k, _num_sms(q.device))
-    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
-    splits = triton.cdiv(k, k_per_split)
+    k_per_split, splits = split_k_plan(k, cfg.split_k, cfg.block_k)
     has_bias = bias is not None
     bias_arg = bias if has_bias else weight_scale  # never read
     target = out if splits == 1 else torch.empty(splits, m, n, dtype=torch.float32, device=q.device)
@@ -127,9 +124,5 @@ def scaled_gemv(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
-        block = min(1024, triton.next_power_of_2(n))
-        _split_k_reduce_kernel[(triton.cdiv(n, block), m)](
-            target, weight_scale, bias_arg, out, n, out.stride(0),
-            M=m, SPLITS=splits, HAS_SCALE=True, SCALE_PER_ROW=True, HAS_BIAS=has_bias, BLOCK=block, num_warps=4,
-        )
+        reduce_splits(target, weight_scale, True, bias, out)
     return out

@@ -60,7 +60,13 @@ def run(args: argparse.Namespace) -> int:
     import pagoda.operator.handlers  # noqa: F401 - registers the handlers
 
     kopf.configure(verbose=args.verbose, debug=args.debug)
+    kopf_settings = kopf.OperatorSettings()
+    # Watching named namespaces, the chart grants no cluster-wide read of Namespaces or CRDs. Say
+    # so to kopf (its documented restricted mode): otherwise it retries both listings through its
+    # error backoffs, about a minute, before it falls back to this same mode and starts serving.
+    kopf_settings.scanning.disabled = bool(args.namespace)
     kopf.run(
+        settings=kopf_settings,
         clusterwide=not args.namespace,
         namespaces=args.namespace,
         liveness_endpoint=args.liveness,

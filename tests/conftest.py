@@ -1,10 +1,22 @@
-"""Suite-wide: how pytest-xdist shares the tests out (make test runs it with --dist loadscope)."""
+"""Suite-wide: how pytest-xdist shares the tests out (make test runs it with -n auto --dist loadscope)."""
 
 from __future__ import annotations
 
-# Every module of these folders shares one session fixture that is expensive to build (tests/kube:
-# a whole control plane), so they go to one worker together instead of one worker per module.
-ONE_WORKER = ("tests/kube/",)
+import os
+
+# The modules of these folders share session fixtures that are expensive to build (tests/kube: a
+# whole control plane; tests/router: two `pagoda serve` replicas and a router), so they go to one
+# worker together instead of each worker that gets one of them building its own.
+ONE_WORKER = ("tests/kube/", "tests/router/")
+
+
+def pytest_xdist_auto_num_workers(config):
+    """-n auto: one worker per core, and one more. The tests/kube worker spends most of its time
+    waiting on the control plane (conditions, controllers, kwok), so the cores stay busy with the
+    other tests meanwhile. --maxprocesses still caps it; PYTEST_XDIST_AUTO_NUM_WORKERS overrides it."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own hook reads it
+    return len(os.sched_getaffinity(0)) + 1
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -18,5 +30,13 @@ def pytest_xdist_make_scheduler(config, log):
                 if nodeid.startswith(folder):
                     return folder
             return super()._split_scope(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            # These folders are the longest single units of work: first out, so that nothing
+            # waits for them at the end of the run (tests/kube, the longest, first of all).
+            for folder in reversed(ONE_WORKER):
+                if folder in self.workqueue:
+                    self.workqueue.move_to_end(folder, last=False)
+            super()._assign_work_unit(node)
 
     return SharedSessionScopes(config, log)

@@ -69,6 +69,9 @@ class Request:
     # stops (no stop token ids, no min_tokens, no grammar): Scheduler.update_from_output's fast path.
     stop_eos: int | None = field(default=None, init=False)
     simple_stops: bool = field(default=False, init=False)
+    # Greedy, and nothing else for the sampler to do (no logprobs, grammar, token constraints,
+    # min_tokens or penalties): Sampler.sample's fast path, an argmax.
+    plain_greedy: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         if not self.parent_id:
@@ -77,6 +80,9 @@ class Request:
         self.needs_history = params.needs_history
         self.stop_eos = None if params.ignore_eos else self.eos_token_id
         self.simple_stops = not params.stop_token_ids and params.min_tokens == 0 and self.grammar is None
+        self.plain_greedy = (params.greedy and params.logprobs is None and self.grammar is None
+                             and not params.constrains_tokens and params.min_tokens == 0
+                             and not params.has_penalties)
         self._update_block_hashes()
 
     @property

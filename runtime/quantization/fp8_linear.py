@@ -6,8 +6,8 @@ weight_scale per output row (plus a per-tensor input_scale for static activation
   quantizes its input (per token, per tensor, or by the static scale) and calls torch._scaled_mm
   with row-wise scales: y[m, n] = (q_x[m] . q_w[n]) * scale_x[m] * scale_w[n], accumulated in fp32
   by cuBLASLt. At decode's few rows the measured table of kernels/fp8_dispatch.py may send it to a
-  Triton kernel instead: the weight-only FP8 GEMV (kernels/gemv.py, y[m, n] = (x[m] . q_w[n]) *
-  scale_w[n], x unquantized) or the tensor-core small-M GEMM (kernels/scaled_gemv.py, _scaled_mm's
+  Triton kernel instead: a weight-only FP8 GEMV (kernels/gemv.py or gemv_fp8.py, y[m, n] =
+  (x[m] . q_w[n]) * scale_w[n], x unquantized) or the tensor-core small-M GEMM (kernels/scaled_gemv.py, _scaled_mm's
   arithmetic). Where the layer quantizes its input per token (or by a static scale) and the RMSNorm
   before it is linked to it (link_norms), the norm's kernel quantizes instead (QuantizedInput);
 - anywhere else the weight is dequantized once, at load, to the compute dtype (q * scale), and the
@@ -114,8 +114,9 @@ def apply(layer: nn.Module, x, bias: torch.Tensor | None, act: str | None = None
     if isinstance(x, QuantizedInput):
         return _matmul(layer, x.q, x.scale, x.shape, x.dtype, bias, x.launch)
     launch = ops.fp8_path(x, layer.weight, bias, act)
-    if launch.path == "gemv":
-        return ops.fp8_gemv(x, layer.weight, layer.weight_scale, bias, act=act, config=launch.config)
+    if not launch.quantizes_input:
+        return ops.fp8_gemv(x, layer.weight, layer.weight_scale, bias, act=act, config=launch.config,
+                            path=launch.path)
     q, scale_a, shape = _quantize_input(layer, x, act)
     return _matmul(layer, q, scale_a, shape, x.dtype, bias, launch)
 

@@ -74,6 +74,10 @@ class Sampler:
         """The sampled ids as a device tensor (nothing read back yet, unless logprobs were asked
         for: those are host lists), and each row's logprobs or None. pending: output tokens each
         request has in flight, not yet appended (1 for a step scheduled ahead)."""
+        if all(r.plain_greedy for r in requests):
+            # The common offline case, in one pass over the rows: the general path below would
+            # find every row greedy with nothing to mask, and take this very argmax.
+            return greedy_argmax(logits), [None] * len(requests)
         params = [r.sampling_params for r in requests]
         # A row whose request finished since it was scheduled (its grammar may have terminated) is
         # dropped after sampling: it needs no mask.

@@ -5,6 +5,7 @@ A module of its own (not conftest) so that tests import its helpers by name.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -80,17 +81,79 @@ class Kube:
         args = ["apply", "-f", "-"] + (["-n", namespace] if namespace else [])
         return self.kubectl(*args, input=text).stdout
 
+    # Reads go through one kept-alive HTTPS client, not a kubectl process each: the waits below
+    # poll twice a second, and a kubectl start (a 170 MB binary, its kubeconfig, a TLS handshake,
+    # the discovery cache) costs a tenth of a CPU-second on each poll. Writes stay kubectl's.
+    @functools.cached_property
+    def _reader(self) -> kubernetes.client.ApiClient:
+        return self.api()
+
+    def _resources(self, refresh: bool = False) -> dict[str, tuple[str, str, bool]]:
+        """{name: (API path, plural, namespaced)} under every name kubectl takes for a resource
+        (plural, singular, short names, kind), from the server's discovery in its priority order:
+        the core group first, then each group's preferred version, the first one to claim a name
+        keeps it (as kubectl's resolution does)."""
+        if refresh or "_table" not in self.__dict__:
+            get = lambda path: self._get_json(path)  # noqa: E731
+            versions = [("/api/v1", get("/api/v1"))]
+            for group in get("/apis")["groups"]:
+                path = f"/apis/{group['preferredVersion']['groupVersion']}"
+                versions.append((path, get(path)))
+            table: dict[str, tuple[str, str, bool]] = {}
+            for path, listing in versions:
+                for r in listing["resources"]:
+                    if "/" in r["name"]:
+                        continue  # a subresource
+                    entry = (path, r["name"], r["namespaced"])
+                    for name in (r["name"], r.get("singularName") or "", r["kind"].lower(), *r.get("shortNames", [])):
+                        if name:
+                            table.setdefault(name, entry)
+            self.__dict__["_table"] = table
+        return self.__dict__["_table"]
+
+    def _resource(self, kind: str) -> tuple[str, str, bool]:
+        kind = kind.lower()
+        found = self._resources().get(kind) or self._resources(refresh=True).get(kind)  # a new CRD
+        if found is None:
+            raise AssertionError(f"the server has no resource type {kind!r}")
+        return found
+
+    def _get_json(self, path: str, **query) -> dict:
+        request = self._reader.param_serialize("GET", path, query_params=list(query.items()),
+                                               header_params={"Accept": "application/json"},
+                                               auth_settings=["BearerToken"])  # fmt: skip
+        response = self._reader.call_api(*request, _request_timeout=60)
+        data = response.read()
+        if not 200 <= response.status <= 299:
+            raise kubernetes.client.ApiException(status=response.status, reason=response.reason)
+        return json.loads(data)
+
+    @staticmethod
+    def _as_kubectl_shows(obj: dict) -> dict:
+        obj.get("metadata", {}).pop("managedFields", None)  # kubectl -o json hides them
+        return obj
+
     def get(self, kind: str, name: str, namespace: str) -> dict | None:
-        result = self.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
-        if result.returncode != 0:
-            if "NotFound" in result.stderr:
+        path, plural, namespaced = self._resource(kind)
+        scope = f"/namespaces/{namespace}" if namespaced else ""
+        try:
+            return self._as_kubectl_shows(self._get_json(f"{path}{scope}/{plural}/{name}"))
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
                 return None
-            raise AssertionError(result.stderr)
-        return json.loads(result.stdout)
+            raise AssertionError(f"get {kind} {name} -n {namespace}: {exc.status} {exc.body}") from exc
 
     def items(self, kind: str, namespace: str, selector: str | None = None) -> list[dict]:
-        args = ["get", kind, "-n", namespace] + (["-l", selector] if selector else [])
-        return self.kubectl_json(*args)["items"]
+        """As `kubectl get KIND[,KIND...] -n NS [-l SELECTOR] -o json`: each item with its kind."""
+        found = []
+        for one in kind.split(","):
+            path, plural, namespaced = self._resource(one)
+            scope = f"/namespaces/{namespace}" if namespaced else ""
+            listing = self._get_json(f"{path}{scope}/{plural}", **({"labelSelector": selector} if selector else {}))
+            api_version, item_kind = listing["apiVersion"], listing["kind"].removesuffix("List")
+            found += [self._as_kubectl_shows({"apiVersion": api_version, "kind": item_kind, **item})
+                      for item in listing["items"]]  # fmt: skip
+        return found
 
     def events(self, namespace: str, name: str) -> list[dict]:
         items = self.items("events", namespace)
