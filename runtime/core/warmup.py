@@ -72,7 +72,7 @@ def warm_up(core) -> float:
     runner = getattr(core.executor, "runner", None)
     kernels = 0
     if runner is not None and core.device.type == "cuda":
-        kernels = warm_up_decode_kernels(runner.model, getattr(torch, cfg.dtype))
+        kernels = warm_up_decode_kernels(runner.model, getattr(torch, cfg.dtype), runner.buffers.max_blocks)
     kv = core.kv_cache_manager
     kv.prefix_cache_queries = kv.prefix_cache_hits = 0
     core.scheduler.num_preemptions = 0
@@ -82,11 +82,16 @@ def warm_up(core) -> float:
     return seconds
 
 
-def warm_up_decode_kernels(model, dtype) -> int:
+def warm_up_decode_kernels(model, dtype, table_width: int) -> int:
     """Launch the decode attention kernel once at every split count (powers of two up to
     MAX_SPLITS) and both tiles, per distinct layer (heads, window, soft-cap, cache dtype), on
     one-token rows (queries in the compute dtype) that read block 0 of the real cache and write a
-    scratch output."""
+    scratch output.
+
+    The block table has the runner's width (InputBuffers.max_blocks): its row stride is a kernel
+    argument, and Triton specializes an integer argument on being 1 or a multiple of 16. A
+    one-column table (stride 1) built a variant no step ever runs, and left the real one to compile
+    on the first step that met it (seen on the H200 at 1,024 seats: the thin tile)."""
     from pagoda.kernels import paged_attention_decode as dec
 
     launches, seen = 0, set()
@@ -101,7 +106,7 @@ def warm_up_decode_kernels(model, dtype) -> int:
         tiles = {dec.choose_tile(0, es, dev, layer.head_dim), dec.choose_tile(1 << 30, es, dev, layer.head_dim)}
         num_seqs = 2
         q = torch.zeros(num_seqs, layer.num_heads, layer.head_dim, dtype=dtype, device=dev)
-        tables = torch.zeros(num_seqs, 1, dtype=torch.int32, device=dev)
+        tables = torch.zeros(num_seqs, table_width, dtype=torch.int32, device=dev)
         seq_lens = torch.ones(num_seqs, dtype=torch.int32, device=dev)
         qsl = torch.arange(num_seqs + 1, dtype=torch.int32, device=dev)
         splits = 1

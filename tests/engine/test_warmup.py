@@ -60,12 +60,24 @@ def test_decode_kernels_warm_up_at_every_split_count(model_dir):
     from pagoda.runtime.core.warmup import warm_up_decode_kernels
 
     llm = LLM(model=str(model_dir), max_model_len=256, num_kv_blocks=32, enforce_eager=True)
-    model = llm.llm_engine.engine_core.executor.runner.model
+    runner = llm.llm_engine.engine_core.executor.runner
+    model = runner.model
     layer = model.attention_layers()[0]
     tiles = {dec.choose_tile(0, layer.k_cache.element_size(), layer.k_cache.device, layer.head_dim),
              dec.choose_tile(1 << 30, layer.k_cache.element_size(), layer.k_cache.device, layer.head_dim)}
     splits = dec.MAX_SPLITS.bit_length()  # 1, 2, 4, ..., MAX_SPLITS
-    assert warm_up_decode_kernels(model, torch.float32) == splits * len(tiles)
+    real = dec.paged_attention_decode
+    strides = []
+
+    def recording(query, k_cache, v_cache, block_tables, *args, **kwargs):
+        strides.append(block_tables.stride())
+        return real(query, k_cache, v_cache, block_tables, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dec, "paged_attention_decode", recording)
+        assert warm_up_decode_kernels(model, torch.float32, runner.buffers.max_blocks) == splits * len(tiles)
+    # the steps' block tables are rows of this buffer: the same strides, so the same specialization
+    assert set(strides) == {runner.buffers.block_tables.stride()}
     # choose_num_splits only ever picks one of the counts warmed up
     counts = {dec.choose_num_splits(s, h, n, layer.k_cache.device) for s in (1, 3, 64) for h in (1, 2, 8)
               for n in (1, 300, 5000, 100000)}
