@@ -222,3 +222,40 @@ def test_plan_counts_fp8_expert_bytes_as_the_checkpoint_holds_them(moe_checkpoin
         assert make_plan(tiny_models[family], 1.0, quantization="fp8")["weight_bytes"] == stored
         # the fp32 plan holds the experts at 4 bytes: at least 3 more per expert weight, less their scales
         assert make_plan(tiny_models[family], 1.0)["weight_bytes"] - stored > 2.5 * expert_params
+
+
+@NEEDS_CT
+def test_each_rank_holds_its_slice_of_the_fp8_experts_and_their_scales(moe_checkpoints, monkeypatch):
+    """Tensor parallelism over FP8 experts (kept FP8: has_fp8_matmul patched): each rank holds its
+    rows of every expert's gate and up with their per-channel scales, its columns of down with all
+    of down's row scales; the two ranks' partial outputs add up to the unsplit block's, weight-only.
+    (W8A8 quantizes each rank's half of the activation by its own per-token amax, as vLLM does, so
+    there the sum is close to, not equal to, the unsplit block's.)"""
+    from safetensors.torch import load_file
+
+    from pagoda.kernels import ops
+    from pagoda.runtime.layers.parallel_state import TensorParallelGroup, tensor_parallel
+    from pagoda.runtime.quantization import fp8_linear, fp8_moe
+
+    monkeypatch.setattr(fp8_linear, "has_fp8_matmul", lambda device: True)
+    monkeypatch.setattr(ops, "MOE_FP8_W8A8", False)
+    dst = moe_checkpoints["qwen3_moe", "compressed-tensors", True, False]
+    cfg = ModelConfig.from_path(dst, "float32", 256)
+    tensors = load_file(dst / "model.safetensors")
+    whole = load_model(cfg, torch.device("cpu")).model.layers[2].mlp
+    x = torch.randn(5, whole.w13.shape[2])
+    weights, ids = ops.moe_route(whole.gate(x), whole.top_k, whole.renormalize)
+    partials = []
+    for rank in (0, 1):
+        with tensor_parallel(TensorParallelGroup(rank=rank, size=2)):
+            block = load_model(cfg, torch.device("cpu")).model.layers[2].mlp
+        p = "model.layers.2.mlp.experts"
+        for e in range(block.num_experts):
+            gate, up = (tensors[f"{p}.{e}.{n}_proj.weight"].chunk(2)[rank] for n in ("gate", "up"))
+            assert torch.equal(block.w13[e].view(torch.uint8), torch.cat([gate, up]).view(torch.uint8))
+            scales = torch.cat([tensors[f"{p}.{e}.{n}_proj.weight_scale"].chunk(2)[rank] for n in ("gate", "up")])
+            assert torch.equal(block.w13_weight_scale[e], scales.reshape(-1))
+            assert torch.equal(block.w2_weight_scale[e], tensors[f"{p}.{e}.down_proj.weight_scale"].reshape(-1))
+        partials.append(fp8_moe.apply(block, x, weights, ids))
+    torch.testing.assert_close(partials[0] + partials[1], fp8_moe.apply(whole, x, weights, ids), rtol=1e-5,
+                               atol=1e-5)
