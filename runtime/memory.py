@@ -97,8 +97,8 @@ def fp8_linear_shape(config: dict) -> tuple[int, int]:
 
 
 def count_weight_bytes(config: dict, dtype_bytes: int, fp8: bool = False) -> int:
-    """Bytes of the weights; with fp8, the projections at one byte each plus a float32 scale per
-    output row."""
+    """Bytes of the weights; with fp8, the projections and MoE experts at one byte each plus a
+    float32 scale per output row."""
     total = count_parameters(config) * dtype_bytes
     if fp8:
         params, rows = fp8_linear_shape(config)
