@@ -259,3 +259,29 @@ def test_each_rank_holds_its_slice_of_the_fp8_experts_and_their_scales(moe_check
         partials.append(fp8_moe.apply(block, x, weights, ids))
     torch.testing.assert_close(partials[0] + partials[1], fp8_moe.apply(whole, x, weights, ids), rtol=1e-5,
                                atol=1e-5)
+
+
+@NEEDS_CT
+def test_weight_only_fp8_experts_kept_fp8_match_transformers(tiny_models, moe_checkpoints, monkeypatch, tmp_path):
+    """A weight-only compressed-tensors scheme (no input_activations) on an FP8 GPU, run on the CPU
+    (has_fp8_matmul patched): the dense projections are dequantized (the scheme quantizes weights
+    only), the experts stay e4m3 and run weight-only (W8A16) through the engine, and the logits equal
+    transformers' on the same checkpoint."""
+    from pagoda.runtime.quantization import fp8_linear
+
+    def weight_only(config):
+        del config["quantization_config"]["config_groups"]["group_0"]["input_activations"]
+
+    dst = _with_config(moe_checkpoints["qwen3_moe", "compressed-tensors", True, False], tmp_path / "m", weight_only)
+    monkeypatch.setattr(fp8_linear, "has_fp8_matmul", lambda device: True)
+    model = load_model(ModelConfig.from_path(dst, "float32", 256), torch.device("cpu"))
+    assert model.model.layers[0].mlp.w13.dtype == torch.float8_e4m3fn
+    assert model.model.layers[0].self_attn.qkv_proj.weight.dtype == torch.float32
+    rng = random.Random(9)
+    seqs = [[rng.randrange(5, 512) for _ in range(n)] for n in (40, 44)]
+    got = engine_logits(str(dst), seqs)
+    want = reference(Path(tiny_models["qwen3_moe"]), dst, "compressed-tensors")
+    for s, seq in enumerate(seqs):
+        with torch.no_grad():
+            err = (got[s] - want(torch.tensor([seq])).logits[0]).abs().max()
+        assert err <= ATOL, f"sequence {s}: off by {err:.2e}"
