@@ -19,7 +19,7 @@ from torch import nn
 from pagoda.runtime.layers.fused_moe import FusedMoE
 from pagoda.runtime.layers.linear import ColumnParallelLinear, RowParallelLinear
 from pagoda.runtime.quantization import fp8_linear, fp8_moe
-from pagoda.runtime.quantization.scheme import FP8Scheme
+from pagoda.runtime.quantization.scheme import FP8Scheme, UnsupportedQuantization
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +50,20 @@ def expert_checkpoint_names(model: nn.Module, name: str, experts: FusedMoE) -> l
 
 
 def fp8_experts(model: nn.Module, scheme: FP8Scheme) -> list[FusedMoE]:
-    """The expert blocks the scheme quantizes: all of a block's experts, or none (quantizes refuses a mix)."""
-    return [module for name, module in model.named_modules()
-            if isinstance(module, FusedMoE) and scheme.quantizes(expert_checkpoint_names(model, name, module))]
+    """The expert blocks the scheme quantizes: all of a block's experts, or none."""
+    blocks = []
+    for name, module in model.named_modules():
+        if not isinstance(module, FusedMoE):
+            continue
+        try:
+            quantized = scheme.quantizes(expert_checkpoint_names(model, name, module))
+        except UnsupportedQuantization:  # its message would list every expert matrix of the block
+            raise UnsupportedQuantization(
+                f"quantization_config quantizes only some of the experts of {name}: a block's experts are one "
+                "fused tensor, so they must be quantized alike") from None
+        if quantized:
+            blocks.append(module)
+    return blocks
 
 
 def prepare(model: nn.Module, scheme: FP8Scheme) -> None:
