@@ -75,6 +75,11 @@ def test_fp8_moe_checkpoint_logits_match_transformers(tiny_models, moe_checkpoin
             want = model(torch.tensor([seq])).logits[0]
         err = (got[s] - want).abs().max()
         assert err <= ATOL, f"sequence {s}: off by {err:.2e}"
+    from transformers import AutoModelForCausalLM
+
+    with torch.no_grad():  # the FP8 round trip shows: not the original weights' logits
+        original = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()(torch.tensor([seqs[0]]))
+    assert (got[0] - original.logits[0]).abs().max() > 100 * ATOL
 
 
 @pytest.mark.parametrize("family,fmt", cases([("mixtral", "fp8"), ("qwen3_moe", "compressed-tensors")],
