@@ -35,6 +35,7 @@ STATIC = dict(a13_scale=torch.tensor(0.02), a2_scale=torch.tensor(0.004))
     (torch.float32, 1, 32, 16, 4, 2),  # decode: one token
     (torch.float32, 9, 48, 24, 5, 2),  # ragged dims over several K and N tiles
     (torch.bfloat16, 13, 32, 32, 6, 3),
+    (torch.float16, 5, 32, 16, 3, 1),
 ])
 def test_weight_only_fp8_experts_match_reference(dtype, num_tokens, hidden, inter, num_experts, top_k):
     x, q13, q2, s13, s2, weights, ids = fp8_inputs(num_tokens, hidden, inter, num_experts, top_k, dtype)
