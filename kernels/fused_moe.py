@@ -20,9 +20,13 @@ scale repeated) take the same kernels with W_FP8 set:
   (a scale per output channel factors out of the K sum, so this equals x @ (q * scale)^T);
 - W8A8 (A_FP8 too): the GEMM's input arrives quantized to e4m3 with one float32 scale per row (per
   token for gate_up; per (token, expert) row for down), tl.dot multiplies e4m3 by e4m3 (Hopper's
-  FP8 MMA) and the accumulator is scaled by the row's and the output channel's scales. Under tensor parallelism each rank holds a slice of every expert's inter dimension (gate
-and up by rows, down by columns), so its output is a partial sum that the layer all-reduces.
-Expert parallelism (whole experts per rank) is not done yet.
+  FP8 MMA) and the accumulator is scaled by the row's and the output channel's scales.
+Neither has been timed on a GPU yet (e2e/moe_fp8_gpu_bench.py is the bench); both are tested under
+the interpreter against fused_moe_fp8_ref.
+
+Under tensor parallelism each rank holds a slice of every expert's inter dimension (gate and up by
+rows, down by columns), so its output is a partial sum that the layer all-reduces. Expert
+parallelism (whole experts per rank) is not done yet.
 """
 
 from __future__ import annotations
