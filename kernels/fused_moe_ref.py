@@ -44,3 +44,64 @@ def fused_moe_ref(
         y = F.linear(h, w2[expert]) * topk_weights[token, slot, None]
         out.index_add_(0, token, y.to(out.dtype))
     return out
+
+
+def quantize_moe_activation_ref(x: torch.Tensor, activations: str, static_scale: torch.Tensor | None = None
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] as the FP8 experts' W8A8 path quantizes a GEMM's input: (q e4m3, scale [M] float32),
+    per row ("dynamic-token"), by one amax over all of x ("dynamic-tensor") or by the checkpoint's
+    static per-tensor scale ("static-tensor")."""
+    from pagoda.kernels.quant_fp8_ref import FP8_MAX, MIN_SCALE, quantize_fp8_ref
+
+    if activations == "dynamic-token":
+        q, scale = quantize_fp8_ref(x)
+    elif activations == "dynamic-tensor":
+        q, scale = quantize_fp8_ref(x, (x.float().abs().amax() / FP8_MAX).clamp(min=MIN_SCALE))
+    elif activations == "static-tensor":
+        q, scale = quantize_fp8_ref(x, static_scale)
+    else:
+        raise ValueError(f"FP8 MoE activations {activations!r}: use dynamic-token, dynamic-tensor or static-tensor")
+    return q, scale.reshape(-1)
+
+
+def fused_moe_fp8_ref(
+    x: torch.Tensor,  # [T, hidden]
+    w13: torch.Tensor,  # [E, 2 * inter, hidden] float8_e4m3fn
+    w2: torch.Tensor,  # [E, hidden, inter] float8_e4m3fn
+    w13_scale: torch.Tensor,  # [E, 2 * inter] float32: one per output row (a per-tensor scale repeated)
+    w2_scale: torch.Tensor,  # [E, hidden] float32
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str = "silu",
+    activations: str = "none",
+    a13_scale: torch.Tensor | None = None,
+    a2_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """fused_moe_ref with e4m3 expert weights, y = x @ (q * scale)^T, in fp32. activations "none":
+    weight-only (W8A16), x as it is. Otherwise (W8A8) each GEMM's input is first replaced by its FP8
+    round trip (quantize_moe_activation_ref): x once for every expert, and the activation
+    act(gate) * up, rounded to x's dtype, per (token, expert) row. Returns x's dtype."""
+    w13d = w13.float() * w13_scale.float()[..., None]
+    w2d = w2.float() * w2_scale.float()[..., None]
+    xf = x.float()
+    if activations != "none":
+        q, scale = quantize_moe_activation_ref(x, activations, a13_scale)
+        xf = q.float() * scale[:, None]
+    num_tokens, top_k = topk_ids.shape
+    # one row per (token, slot) pair, as the kernel lays them out
+    pairs_expert = topk_ids.reshape(-1)
+    h = torch.zeros(num_tokens * top_k, w2.shape[2])
+    for expert in torch.unique(pairs_expert).tolist():
+        rows = torch.where(pairs_expert == expert)[0]
+        gate, up = F.linear(xf[rows // top_k], w13d[expert]).to(x.dtype).float().chunk(2, dim=-1)
+        act = act_and_mul_ref(torch.cat([gate, torch.ones_like(up)], dim=-1), activation)  # act(gate)
+        h[rows] = (act.to(x.dtype).float() * up).to(x.dtype).float()  # rounded where the kernel rounds
+    if activations != "none":
+        q, scale = quantize_moe_activation_ref(h.to(x.dtype), activations, a2_scale)
+        h = q.float() * scale[:, None]
+    y = torch.zeros(num_tokens * top_k, w2.shape[1])
+    for expert in torch.unique(pairs_expert).tolist():
+        rows = torch.where(pairs_expert == expert)[0]
+        y[rows] = F.linear(h[rows], w2d[expert]).to(x.dtype).float()
+    y = y * topk_weights.reshape(-1, 1).float()
+    return y.to(x.dtype).float().view(num_tokens, top_k, -1).sum(dim=1).to(x.dtype)

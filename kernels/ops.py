@@ -270,12 +270,25 @@ def moe_route(router_logits, top_k: int, renormalize: bool):
     return route_ref(router_logits, top_k, renormalize)
 
 
-def fused_moe(x, w13, w2, topk_weights, topk_ids, activation: str = "silu"):
-    """The experts' gated MLPs, weighted by the routing weights and summed per token."""
+# False runs FP8 experts weight-only (W8A16) even where the checkpoint's scheme quantizes activations,
+# so a benchmark can compare the two (runtime/quantization/fp8_moe.apply).
+MOE_FP8_W8A8 = True
+
+
+def fused_moe(x, w13, w2, topk_weights, topk_ids, activation: str = "silu", **fp8):
+    """The experts' gated MLPs, weighted by the routing weights and summed per token. fp8: e4m3
+    experts' w13_scale and w2_scale (float32, one per expert and output row), and activations
+    ("none": weight-only; else how W8A8 quantizes each GEMM's input) with a13_scale and a2_scale
+    for static ones (kernels/fused_moe.py)."""
     if _on_gpu(x):
         from pagoda.kernels.fused_moe import fused_moe as triton_fused_moe
 
-        return triton_fused_moe(x, w13, w2, topk_weights, topk_ids, activation)
+        return triton_fused_moe(x, w13, w2, topk_weights, topk_ids, activation, **fp8)
+    if fp8.get("w13_scale") is not None:
+        from pagoda.kernels.fused_moe_ref import fused_moe_fp8_ref
+
+        return fused_moe_fp8_ref(x, w13, w2, fp8["w13_scale"], fp8["w2_scale"], topk_weights, topk_ids, activation,
+                                 fp8.get("activations", "none"), fp8.get("a13_scale"), fp8.get("a2_scale"))
     return fused_moe_ref(x, w13, w2, topk_weights, topk_ids, activation)
 
 

@@ -75,9 +75,9 @@ def count_parameters(config: dict, active: bool = False) -> int:
 
 
 def fp8_linear_shape(config: dict) -> tuple[int, int]:
-    """(parameters, output rows) of the linear layers FP8 covers: attention and dense MLP
-    projections (embeddings, LM head, norms, MoE experts and routers stay in the compute dtype,
-    as runtime/quantization/apply.py leaves them)."""
+    """(parameters, output rows) of the weights FP8 covers: attention and dense MLP projections and
+    every MoE expert's gate, up and down matrices (embeddings, LM head, norms and MoE routers stay
+    in the compute dtype, as runtime/quantization/apply.py leaves them)."""
     hidden = config["hidden_size"]
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or heads
@@ -90,12 +90,15 @@ def fp8_linear_shape(config: dict) -> tuple[int, int]:
         if moe is None or not is_sparse_layer(config, i):
             params += 3 * hidden * config["intermediate_size"]
             rows += 2 * config["intermediate_size"] + hidden
+        else:  # every expert: gate and up [inter, hidden], down [hidden, inter], a scale per output row
+            params += moe.num_experts * 3 * hidden * moe.intermediate_size
+            rows += moe.num_experts * (2 * moe.intermediate_size + hidden)
     return params, rows
 
 
 def count_weight_bytes(config: dict, dtype_bytes: int, fp8: bool = False) -> int:
-    """Bytes of the weights; with fp8, the projections at one byte each plus a float32 scale per
-    output row."""
+    """Bytes of the weights; with fp8, the projections and MoE experts at one byte each plus a
+    float32 scale per output row."""
     total = count_parameters(config) * dtype_bytes
     if fp8:
         params, rows = fp8_linear_shape(config)

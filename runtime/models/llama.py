@@ -23,8 +23,10 @@ from pagoda.runtime.layers.weight_slice import is_fp8, materialize
 from pagoda.runtime.model_config import ModelConfig
 from pagoda.runtime.models.hf_fields import attention_scale, layer_windows, rotary_dim
 
-# model.layers.3.mlp.experts.17.gate_proj.weight -> (model.layers.3.mlp, 17, gate_proj)
-EXPERT_WEIGHT = re.compile(r"(.+)\.experts\.(\d+)\.(\w+)\.weight")
+# model.layers.3.mlp.experts.17.gate_proj.weight -> (model.layers.3.mlp, 17, gate_proj, weight); FP8
+# checkpoints add each expert matrix's weight_scale and (static activations) input_scale
+EXPERT_TENSOR = re.compile(r"(.+)\.experts\.(\d+)\.(\w+)\.(weight|weight_scale|input_scale)")
+EXPERT_SUFFIX = {"weight": "", "weight_scale": "_weight_scale", "input_scale": "_input_scale"}
 # model.layers.3.mlp.experts.gate_up_proj -> (model.layers.3.mlp, gate_up_proj)
 STACKED_EXPERT_WEIGHT = re.compile(r"(.+)\.experts\.(gate_up_proj|down_proj)")
 # model.layers.3.self_attn.k_scale (compressed-tensors, newer fp8) or .k_proj.output_scale (older fp8)
@@ -211,18 +213,18 @@ class LlamaForCausalLM(nn.Module):
                 attn = self.get_submodule(f"{prefix}.self_attn.attn")
                 setattr(attn, f"{k_or_v or old}_scale", float(materialize(tensor).float().max()))
                 continue
-            if is_fp8(tensor) and ("experts" in name or name.endswith("gate.weight")):
-                raise ValueError(f"FP8 checkpoint tensor {name!r}: FP8 MoE experts and routers are not supported "
-                                 "(Pagoda quantizes the attention and dense MLP linear layers)")
-            if expert := EXPERT_WEIGHT.fullmatch(name):  # one matrix of one expert: into the stack
-                prefix, index, part_name = expert.groups()
-                param_name, part = EXPERT_PARTS[part_name]
-                target = f"{prefix}.{param_name}"
-                params[target].weight_loader(params[target], tensor, int(index), part)
-                loaded.add(target)
+            if is_fp8(tensor) and name.endswith("gate.weight"):
+                raise ValueError(f"FP8 checkpoint tensor {name!r}: an FP8 MoE router is not supported (Pagoda "
+                                 "keeps routers in the compute dtype, as vLLM does; FP8 experts are supported)")
+            if expert := EXPERT_TENSOR.fullmatch(name):  # one tensor of one expert: into the stack
+                if target := self._load_expert(params, name, tensor, *expert.groups()):
+                    loaded.add(target)
                 continue
             if stacked := STACKED_EXPERT_WEIGHT.fullmatch(name):  # transformers 5's in-memory layout
                 prefix, kind = stacked.groups()
+                if is_fp8(tensor):
+                    raise ValueError(f"FP8 checkpoint tensor {name!r}: FP8 experts are read one matrix per expert "
+                                     "(experts.N.gate_proj.weight and its weight_scale), not stacked")
                 target = f"{prefix}.{STACKED_EXPERTS[kind]}"
                 self.get_submodule(prefix).stacked_loader(params[target], tensor, kind)
                 loaded.add(target)
@@ -241,3 +243,20 @@ class LlamaForCausalLM(nn.Module):
                 loader(param, tensor) if loader else param.data.copy_(materialize(tensor))
                 loaded.add(name)
         return loaded
+
+    @staticmethod
+    def _load_expert(params: dict, name: str, tensor, prefix: str, index: str, part_name: str, kind: str) -> str | None:
+        """An expert matrix, its weight_scale or its input_scale, into the block's stacked parameter;
+        returns that parameter's name (None for an input scale that dynamic activations leave unused)."""
+        param_name, part = EXPERT_PARTS[part_name]
+        target = f"{prefix}.{param_name}{EXPERT_SUFFIX[kind]}"
+        if kind == "input_scale" and target not in params:
+            return None  # dynamic activations: the checkpoint's calibration scales are not used
+        if target not in params:
+            raise ValueError(f"checkpoint tensor {name!r}: these experts are not FP8 in this model's quantization "
+                             "scheme, so their tensors carry no scales")
+        if kind == "weight" and is_fp8(tensor) != (params[target].dtype == torch.float8_e4m3fn):
+            raise ValueError(f"checkpoint tensor {name!r} is {'' if is_fp8(tensor) else 'not '}FP8, but the "
+                             f"quantization scheme {'leaves these experts unquantized' if is_fp8(tensor) else 'says FP8'}")
+        params[target].weight_loader(params[target], tensor, int(index), part)
+        return target

@@ -10,6 +10,8 @@ from pagoda.runtime.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 
 
 class MixtralMoE(FusedMoE):
+    expert_names = ("w1", "w3", "w2")
+
     def __init__(self, cfg: ModelConfig, layer_idx: int = 0):
         moe = moe_shape(cfg.hf_config)
         super().__init__(cfg.hidden_size, moe.intermediate_size, moe.num_experts, moe.top_k, renormalize=True)
@@ -18,7 +20,7 @@ class MixtralMoE(FusedMoE):
     def checkpoint_shapes(cfg: ModelConfig, p: str, layer_idx: int = 0) -> list[tuple[str, tuple[int, ...]]]:
         moe = moe_shape(cfg.hf_config)
         return FusedMoE.expert_checkpoint_shapes(p + "block_sparse_moe.", cfg.hidden_size, moe.intermediate_size,
-                                                 moe.num_experts, ("w1", "w3", "w2"))
+                                                 moe.num_experts, MixtralMoE.expert_names)
 
 
 class MixtralDecoderLayer(LlamaDecoderLayer):

@@ -1,11 +1,14 @@
 """Tiny FP8 checkpoints in the two formats Pagoda reads, written with the formats' own arithmetic.
 
-From a tiny bf16/fp32 Hugging Face checkpoint, every attention and MLP projection weight becomes
-float8_e4m3fn with float32 scales: scale = amax / 448 over the output channel (row) or the whole
+From a tiny bf16/fp32 Hugging Face checkpoint, every attention and MLP projection weight, and every
+MoE expert's gate, up and down matrix (Mixtral's experts.N.w1/w3/w2, Qwen3-MoE's
+experts.N.gate_proj/up_proj/down_proj; the routers stay as they are, as llm-compressor leaves them),
+becomes float8_e4m3fn with float32 scales: scale = amax / 448 over the output channel (row) or the whole
 tensor, q = clamp(w / scale, +-448) rounded to nearest by the cast, w ~= q * scale. That is
 compressed-tensors' float strategy "channel"/"tensor" and vLLM's fp8 per-tensor/per-channel
 weight_scale. Static activation scales (input_scale) and KV-cache scales (k_scale, v_scale) are
-calibrated the same way, from the largest value each sees on a calibration prompt.
+calibrated the same way, from the largest value each sees on a calibration prompt (an expert's,
+from the tokens routed to it).
 """
 
 from __future__ import annotations
@@ -17,7 +20,11 @@ from pathlib import Path
 
 import torch
 
-PROJECTION = re.compile(r"(model\.layers\.\d+\.(?:self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj))\.weight")
+PROJECTION = re.compile(r"(model\.layers\.\d+\.(?:self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj"
+                        r"|(?:mlp|block_sparse_moe)\.experts\.\d+\.(?:w[123]|gate_proj|up_proj|down_proj)))\.weight")
+# model_type -> (the checkpoint's name of the expert block, its experts' gate, up and down names)
+EXPERT_NAMES = {"mixtral": ("block_sparse_moe", ("w1", "w3", "w2")),
+                "qwen3_moe": ("mlp", ("gate_proj", "up_proj", "down_proj"))}
 FP8_MAX = 448.0
 
 
@@ -45,9 +52,27 @@ def calibrate(src: Path) -> dict[str, float]:
             seen[f"{name}.output"] = max(seen.get(f"{name}.output", 0.0), float(output.abs().max()))
         return record
 
+    def experts_hook(name):  # transformers 5 stacks the experts: find each one's tokens, as it does
+        block, (gate, up, down) = EXPERT_NAMES[model.config.model_type]
+        ckpt = name.replace(".mlp.experts", f".{block}.experts")
+
+        def record(module, inputs, output):
+            hidden, top_k_index = inputs[0], inputs[1]
+            for e in range(module.num_experts):
+                tokens = (top_k_index == e).any(dim=-1).nonzero()[:, 0]
+                if tokens.numel():
+                    g, u = torch.nn.functional.linear(hidden[tokens], module.gate_up_proj[e]).chunk(2, dim=-1)
+                    inner = module.act_fn(g) * u
+                    for part, value in ((gate, hidden[tokens]), (up, hidden[tokens]), (down, inner)):
+                        key = f"{ckpt}.{e}.{part}.input"
+                        seen[key] = max(seen.get(key, 0.0), float(value.abs().max()))
+        return record
+
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear):
             module.register_forward_hook(hook(name))
+        elif hasattr(module, "gate_up_proj") and hasattr(module, "num_experts"):
+            module.register_forward_hook(experts_hook(name))
     with torch.no_grad():
         model(torch.arange(5, 69)[None])
     return seen
@@ -96,8 +121,11 @@ def write_fp8_checkpoint(src: Path, dst: Path, fmt: str, *, per_channel: bool = 
         module = match.group(1)
         q, scale = quantize(t, per_channel)
         out[name], out[f"{module}.weight_scale"] = q, scale
-        if static:
-            out[f"{module}.input_scale"] = torch.tensor([amax[f"{module}.input"] / FP8_MAX])
+        if static:  # an expert no calibration token reached takes the largest its block's experts saw
+            block, _, part = module.rsplit(".", 2)
+            calibrated = amax.get(f"{module}.input") or max(
+                v for k, v in amax.items() if k.startswith(block) and k.endswith(f".{part}.input"))
+            out[f"{module}.input_scale"] = torch.tensor([calibrated / FP8_MAX])
         if kv_scales and module.endswith(("k_proj", "v_proj")):
             kv_name = module.replace("k_proj", "k_scale").replace("v_proj", "v_scale")
             out[kv_name] = torch.tensor(amax[f"{module}.output"] / FP8_MAX * 1.25)  # rotary may grow k a bit
@@ -118,5 +146,24 @@ def dequantized_reference(src: Path, fp8_dir: Path):
     params = dict(model.named_parameters())
     for name, q in tensors.items():
         if match := PROJECTION.fullmatch(name):
-            params[name].data.copy_(dequantize(q, tensors[f"{match.group(1)}.weight_scale"]))
+            w = dequantize(q, tensors[f"{match.group(1)}.weight_scale"])
+            if name in params:
+                params[name].data.copy_(w)
+            else:  # one expert's matrix: its rows (gate, up) or the whole of its slot (down) in the stack
+                _set_expert(model, params, name, w)
     return model
+
+
+EXPERT_MATRIX = re.compile(r"(model\.layers\.\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight")
+
+
+def _set_expert(model, params: dict, name: str, w: torch.Tensor) -> None:
+    layer, e, part = EXPERT_MATRIX.fullmatch(name).groups()
+    gate, up, down = EXPERT_NAMES[model.config.model_type][1]
+    if part == down:
+        params[f"{layer}.mlp.experts.down_proj"].data[int(e)].copy_(w)
+    else:
+        rows = w.shape[0]
+        start = 0 if part == gate else rows
+        assert part in (gate, up)
+        params[f"{layer}.mlp.experts.gate_up_proj"].data[int(e), start:start + rows].copy_(w)
