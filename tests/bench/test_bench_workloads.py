@@ -101,6 +101,29 @@ def test_w5_roofline_counts_active_parameters_and_touched_experts():
     assert small.decode_step_weight_bytes == 2 * roof.num_active_params
 
 
+def test_fp8_roofline_reads_one_byte_weights_and_kv():
+    """W1 with --quantization fp8 --kv-cache-dtype fp8: a decode step reads what W2's FP8 floor
+    reads (the projections at one byte plus row scales, embeddings and LM head at two), the KV
+    cache at one byte per element, and prefill runs at twice the bf16 ceiling; for W5 the experts a
+    step leaves untouched are taken off at one byte."""
+    w1 = workloads.LLAMA_3_1_8B
+    lens = [len(r.prompt_token_ids) for r in workloads.w1_requests()]
+    bf16 = offline_roofline(w1, lens, 256)
+    fp8 = offline_roofline(w1, lens, 256, fp8_weights=True, kv_dtype_bytes=1)
+    assert fp8.decode_step_weight_bytes / 4.25e12 * 1e3 == pytest.approx(decode_floor_ms(w1, fp8=True))
+    assert 1.8 < decode_floor_ms(w1, fp8=True) < 2.2  # BENCHMARKS.md: about 1.9 ms
+    assert fp8.kv_bytes_per_token * 2 == bf16.kv_bytes_per_token
+    assert fp8.prefill_s == pytest.approx(bf16.prefill_s / 2)
+    assert 1.5 < fp8.output_tokens_per_s / bf16.output_tokens_per_s < 2.0
+    w5 = workloads.MODEL_CONFIGS["w5"]
+    one = offline_roofline(w5, lens[:1], 256, fp8_weights=True)  # 8 of 128 experts per layer
+    full = offline_roofline(w5, lens, 256, fp8_weights=True)
+    sparse_layers = w5["num_hidden_layers"]
+    untouched = sparse_layers * 120 * 3 * w5["hidden_size"] * w5["moe_intermediate_size"]
+    assert full.decode_step_weight_bytes - one.decode_step_weight_bytes == pytest.approx(untouched, rel=1e-4)
+    assert one.active_only_output_tokens_per_s == pytest.approx(one.output_tokens_per_s)
+
+
 def test_synthetic_model_folders(tmp_path):
     w4 = workloads.model_folder("w4", tmp_path / "w4")
     config = AutoConfig.from_pretrained(w4)

@@ -31,6 +31,10 @@ from pagoda.runtime.models.hf_fields import is_sparse_layer, moe_shape
 # H200, measured (BENCHMARKS.md): bf16 8192^3 matmul, and device-to-device copy (read + write).
 H200_TFLOP_PER_S = 780.0
 H200_TB_PER_S = 4.25
+# FP8 prefill: Hopper's FP8 tensor cores run at twice the bf16 rate (1,979 against 989 dense
+# TFLOP/s in NVIDIA's H200 figures), so the FP8 ceiling is taken as twice the measured bf16 one.
+# Derived, not measured: BENCHMARKS.md measures only the bf16 matmul.
+FP8_MATMUL_SPEEDUP = 2.0
 W1_PUBLISHED_ROOFLINE = 11975.0
 W2_PUBLISHED_FLOOR_MS = 3.78
 
@@ -63,28 +67,41 @@ def offline_roofline(
     dtype_bytes: int = 2,
     tflop_per_s: float = H200_TFLOP_PER_S,
     tb_per_s: float = H200_TB_PER_S,
+    fp8_weights: bool = False,
+    kv_dtype_bytes: int | None = None,
 ) -> Roofline:
-    """Upper bound on output tok/s when all requests run together (W1 admits every one at once)."""
+    """Upper bound on output tok/s when all requests run together (W1 admits every one at once).
+    fp8_weights (--quantization fp8): the projections and experts are read at one byte each (plus
+    their row scales) and prefill runs at FP8_MATMUL_SPEEDUP times the bf16 ceiling;
+    kv_dtype_bytes: the KV cache's element size (1 for --kv-cache-dtype fp8), default dtype_bytes."""
     num_params = count_parameters(config)
     num_active = count_parameters(config, active=True)
-    weight_bytes = num_params * dtype_bytes
-    kv_per_token = kv_bytes_per_token(config, dtype_bytes)
+    weight_bytes = count_weight_bytes(config, dtype_bytes, fp8_weights)
+    kv_per_token = kv_bytes_per_token(config, kv_dtype_bytes or dtype_bytes)
     prompt_tokens = sum(prompt_lens)
     num_seqs = len(prompt_lens)
+    if fp8_weights:
+        tflop_per_s *= FP8_MATMUL_SPEEDUP
     prefill_s = 2 * num_active * prompt_tokens / (tflop_per_s * 1e12)
-    step_params, touched = num_params, None
+    step_bytes, touched = weight_bytes, None
+    active_bytes = num_active * weight_bytes / num_params  # bytes per parameter, averaged
     moe = moe_shape(config)
     if moe is not None:
         sparse = sum(is_sparse_layer(config, i) for i in range(config["num_hidden_layers"]))
         per_expert = 3 * config["hidden_size"] * moe.intermediate_size
         touched = moe.num_experts * (1 - (1 - moe.top_k / moe.num_experts) ** num_seqs)
-        step_params = round(num_params - sparse * (moe.num_experts - touched) * per_expert)
+        expert_bytes = 1 if fp8_weights else dtype_bytes
+        step_bytes = weight_bytes - round(sparse * (moe.num_experts - touched) * per_expert) * expert_bytes
+        if fp8_weights:  # the k experts at one byte, the rest (embeddings, norms, router) as stored
+            active_bytes = weight_bytes - sparse * (moe.num_experts - moe.top_k) * per_expert
+        else:
+            active_bytes = num_active * dtype_bytes
     # sum over steps j of (prompt_tokens + num_seqs * j) cached tokens, in closed form.
     kv_token_reads = output_len * prompt_tokens + num_seqs * output_len * (output_len - 1) // 2
     kv_s = kv_token_reads * kv_per_token / (tb_per_s * 1e12)
-    decode_s = output_len * step_params * dtype_bytes / (tb_per_s * 1e12) + kv_s
+    decode_s = output_len * step_bytes / (tb_per_s * 1e12) + kv_s
     output_tokens = num_seqs * output_len
-    active_only = output_tokens / (prefill_s + output_len * num_active * dtype_bytes / (tb_per_s * 1e12) + kv_s)
+    active_only = output_tokens / (prefill_s + output_len * active_bytes / (tb_per_s * 1e12) + kv_s)
     return Roofline(
         output_tokens_per_s=output_tokens / (prefill_s + decode_s),
         prefill_s=prefill_s,
@@ -97,7 +114,7 @@ def offline_roofline(
         tflop_per_s=tflop_per_s,
         tb_per_s=tb_per_s,
         num_active_params=num_active,
-        decode_step_weight_bytes=step_params * dtype_bytes,
+        decode_step_weight_bytes=step_bytes,
         experts_touched_per_layer=touched,
         active_only_output_tokens_per_s=active_only if moe is not None else None,
     )

@@ -163,7 +163,10 @@ def run(args) -> int:
     measured = RUNNERS[args.backend](args, model_path, requests)
     config = workloads.load_config(model_path)
     tok_per_s = measured["output_tokens"] / measured["elapsed_s"]
-    roof = offline_roofline(config, [len(r.prompt_token_ids) for r in requests], args.output_len)
+    # FP8 runs are held to the FP8 limit: one-byte weights (and KV) make it higher.
+    roof = offline_roofline(config, [len(r.prompt_token_ids) for r in requests], args.output_len,
+                            fp8_weights=getattr(args, "quantization", None) == "fp8",
+                            kv_dtype_bytes=1 if str(getattr(args, "kv_cache_dtype", "auto")).startswith("fp8") else None)
     label = args.label or (args.workload + "-json" if args.json_schema else args.workload)
     record = {
         "workload": label,
