@@ -184,3 +184,22 @@ def test_teacher_forced_logits_match_transformers(vlm, hf_vlm):
             want = hf_vlm(input_ids=torch.tensor([seq])).logits[0].float()
         assert got[s].shape == want.shape
         assert (got[s] - want).abs().max() <= ATOL
+
+
+def test_a_chat_template_kept_with_the_processor_is_used(vlm, tmp_path):
+    """Image-text checkpoints may keep the template in chat_template.json (the processor's file),
+    which AutoTokenizer does not read; the server's tokenizer takes it from there."""
+    from transformers import AutoTokenizer
+
+    from pagoda.runtime.frontend.tokenizer import apply_chat_template, load_tokenizer
+
+    path = tmp_path / "processor_template"
+    shutil.copytree(vlm["transformers4"], path)
+    template = (path / "chat_template.jinja").read_text()
+    (path / "chat_template.jinja").unlink()
+    (path / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    assert AutoTokenizer.from_pretrained(path).chat_template is None  # what the fallback is for
+    tokenizer = load_tokenizer(path)
+    messages = [{"role": "user", "content": "hi"}]
+    assert apply_chat_template(tokenizer, messages) == apply_chat_template(load_tokenizer(vlm["transformers4"]),
+                                                                           messages)
