@@ -17,8 +17,10 @@ from safetensors.torch import save_file
 
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model_config import ModelConfig
+from pagoda.runtime.models import get_model_class
+from pagoda.runtime.models.text_only import TextWeights
 from pagoda.runtime.tools.tiny_models import build_tiny_model
-from pagoda.runtime.worker.model_loader import load_model
+from pagoda.runtime.worker.model_loader import iter_safetensors, load_model
 
 from .conftest import MAX_NEW_TOKENS, make_prompts
 from .test_logits_parity import ATOL, DECODE_STEPS, PHASES, engine_logits
@@ -91,6 +93,20 @@ def test_config_is_the_text_models(vlm):
         text["head_dim"], text["vocab_size"])
     assert cfg.hf_config["model_type"] == "gemma3_text" and cfg.hf_config["sliding_window"] == 12
     assert cfg.tie_word_embeddings and cfg.dtype == "float32"
+
+
+def test_the_renamed_text_tensors_are_exactly_the_models(vlm):
+    """Every tensor outside the vision tower and projector gets a name in Gemma3ForCausalLM, and
+    those are the shapes load_format=dummy draws: nothing of the text model is left unread."""
+    for path in vlm.values():
+        cfg = ModelConfig.from_path(path)
+        rename, ours = TextWeights(cfg.architecture), {}
+        for name, tensor in iter_safetensors(path, lazy=True):
+            if (new := rename(name)) is not None:
+                ours[new] = tuple(tensor.get_shape())
+        ours.pop("lm_head.weight", None)  # tied
+        assert dict(get_model_class(cfg.architecture).checkpoint_shapes(cfg)) == ours
+        assert rename.skipped == sum(n.startswith(VISION) for n in checkpoint_names(path)) > 0
 
 
 class WatchedOpen:
