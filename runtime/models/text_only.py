@@ -64,7 +64,9 @@ def text_config(path: Path, cfg: dict) -> dict:
     from transformers import AutoConfig
 
     text = AutoConfig.from_pretrained(path).get_text_config().to_dict()
-    text.pop("dtype", None), text.pop("torch_dtype", None)  # the text default, not the checkpoint's
+    if cfg.get("dtype") or cfg.get("torch_dtype"):  # the checkpoint's dtype, not the text class's default
+        for key in ("dtype", "torch_dtype"):
+            text.pop(key, None)
     text |= {key: cfg[key] for key in _CHECKPOINT_FIELDS if key in cfg}
     return text
 
