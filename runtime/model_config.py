@@ -1,7 +1,9 @@
 """ModelConfig: what the engine needs from a checkpoint's config.json, in one place.
 
 It reads the raw JSON (no transformers config classes), so both transformers 4 checkpoints
-(rope_theta + rope_scaling) and 5 ones (rope_parameters) load the same way.
+(rope_theta + rope_scaling) and 5 ones (rope_parameters) load the same way. An image-text
+checkpoint is the exception: its language model's fields come from transformers'
+get_text_config() (models/text_only.py), and hf_config holds those.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pagoda.runtime.models.hf_fields import GEMMA_TYPES
+from pagoda.runtime.models.text_only import text_config
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +78,7 @@ class ModelConfig:
 
     @classmethod
     def from_path(cls, path: Path, dtype: str = "auto", max_model_len: int | None = None) -> ModelConfig:
-        cfg = json.loads((path / "config.json").read_text())
+        cfg = text_config(path, json.loads((path / "config.json").read_text()))
         archs = cfg.get("architectures") or [""]
         heads = cfg["num_attention_heads"]
         rope = dict(cfg.get("rope_parameters") or {})

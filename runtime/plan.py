@@ -45,6 +45,7 @@ def make_plan(model: str, gpu_memory_gib: float, gpu_memory_utilization: float =
     from pagoda.runtime.memory import count_parameters, plan_memory
     from pagoda.runtime.model_config import DTYPE_BYTES, ModelConfig
     from pagoda.runtime.models.registry import check_supported
+    from pagoda.runtime.models.text_only import is_text_only
     from pagoda.runtime.quantization.scheme import is_fp8_checkpoint
 
     mc = ModelConfig.from_path(config_dir(model), dtype=dtype, max_model_len=max_model_len)
@@ -65,6 +66,9 @@ def make_plan(model: str, gpu_memory_gib: float, gpu_memory_utilization: float =
         num_parameters=count_parameters(hf_config),
         # a mixture of experts runs each token through top-k experts only
         num_active_parameters=count_parameters(hf_config, active=True),
+        # an image-text checkpoint is served text only: its vision tower is never loaded, nor counted
+        parameters_counted="text model only (vision tower and projector not served)"
+        if is_text_only(mc.architecture) else "all",
         gpu_memory_bytes=int(gpu_memory_gib * GIB),
         gpu_memory_utilization=gpu_memory_utilization,
     )
@@ -76,6 +80,8 @@ def format_plan(r: dict) -> str:
     active = ""
     if r["num_active_parameters"] != r["num_parameters"]:
         active = f", {r['num_active_parameters'] / 1e9:.3f} B active per token"
+    if r.get("parameters_counted", "all") != "all":
+        active += f"; {r['parameters_counted']}"
     lines = [
         f"model                   {r['model']} ({r['num_parameters'] / 1e9:.3f} B parameters{active}, {r['dtype']})",
         f"GPU memory              {r['gpu_memory_bytes'] / GIB:.2f} GiB x {r['gpu_memory_utilization']} "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 
@@ -9,8 +10,13 @@ def load_tokenizer(path: str | Path, chat_template: str | None = None):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(path), use_fast=True)
+    processor_template = Path(path) / "chat_template.json"
     if chat_template is not None:
         tokenizer.chat_template = _read_template(chat_template)
+    elif tokenizer.chat_template is None and processor_template.is_file():
+        # An image-text checkpoint may keep its template with its processor, where AutoTokenizer does
+        # not look; vLLM falls back to the processor's template as well.
+        tokenizer.chat_template = json.loads(processor_template.read_text()).get("chat_template")
     return tokenizer
 
 

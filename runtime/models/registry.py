@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 
+from pagoda.runtime.models.text_only import TEXT_ONLY, text_architecture
+
 _REGISTRY = {
     "LlamaForCausalLM": ("pagoda.runtime.models.llama", "LlamaForCausalLM"),
     "MistralForCausalLM": ("pagoda.runtime.models.llama", "LlamaForCausalLM"),
@@ -21,6 +23,9 @@ _REGISTRY |= {bare: _REGISTRY[causal] for bare, causal in (
     ("LlamaModel", "LlamaForCausalLM"), ("MistralModel", "MistralForCausalLM"), ("Qwen2Model", "Qwen2ForCausalLM"),
     ("Qwen3Model", "Qwen3ForCausalLM"), ("Gemma2Model", "Gemma2ForCausalLM"), ("Gemma3TextModel", "Gemma3ForCausalLM"),
     ("Phi3Model", "Phi3ForCausalLM"))}
+
+# Image-text checkpoints, served text only by their language model's class (models/text_only.py).
+_REGISTRY |= {vlm: _REGISTRY[text_architecture(vlm)] for vlm in TEXT_ONLY}
 
 SUPPORTED_ARCHITECTURES = tuple(_REGISTRY)
 

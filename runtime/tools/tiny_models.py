@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 FAMILIES = ("llama", "llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "gemma2", "gemma3", "phi3")
+# Image-text checkpoints, served text only: not in FAMILIES, whose tests assume a text-only layout.
+VLM_FAMILIES = ("gemma3_vlm",)
 
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>"]
 
@@ -129,6 +131,18 @@ def _config(spec: TinySpec, tokenizer):
         cfg = tf.Gemma3TextConfig(**{**common, "num_hidden_layers": 3}, head_dim=16, query_pre_attn_scalar=16,
                                   sliding_window=12, sliding_window_pattern=3, rope_theta=1000000.0,
                                   rope_local_base_freq=10000.0, rope_scaling={"rope_type": "linear", "factor": 4.0})
+    elif spec.family == "gemma3_vlm":
+        # The gemma3 text model above under Gemma3ForConditionalGeneration, with a one-layer SigLIP
+        # tower (a 28-pixel image in 2 x 2 patches, pooled to one token) so vision weights are written.
+        text = _config(TinySpec(**{**_fields(spec), "family": "gemma3", "extra": {}}), tokenizer)
+        vision = tf.SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                       num_attention_heads=2, image_size=28, patch_size=14)
+        cfg = tf.Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=1,
+                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                              bos_token_id=tokenizer.bos_token_id)
+        for key, value in spec.extra.items():
+            setattr(cfg.text_config, key, value)
+        return cfg
     elif spec.family == "phi3":
         # LongRoPE, with an original length (256) past every test sequence: the short factors rule
         factors = [1.0 + 0.25 * i for i in range(8)]  # one per rotary frequency (head_dim 16)
@@ -136,10 +150,14 @@ def _config(spec: TinySpec, tokenizer):
                             rope_scaling={"rope_type": "longrope", "short_factor": factors,
                                           "long_factor": [4 * f for f in factors]})
     else:
-        raise ValueError(f"unknown tiny family {spec.family!r}; choose one of {FAMILIES}")
+        raise ValueError(f"unknown tiny family {spec.family!r}; choose one of {FAMILIES + VLM_FAMILIES}")
     for key, value in spec.extra.items():
         setattr(cfg, key, value)
     return cfg
+
+
+def _fields(spec: TinySpec) -> dict:
+    return {name: getattr(spec, name) for name in TinySpec.__slots__}
 
 
 def build_tiny_model(path: str | Path, family: str = "llama", seed: int = 0, **overrides) -> Path:
@@ -163,6 +181,7 @@ def build_tiny_model(path: str | Path, family: str = "llama", seed: int = 0, **o
         "gemma2": tf.Gemma2ForCausalLM,
         "gemma3": tf.Gemma3ForCausalLM,
         "phi3": tf.Phi3ForCausalLM,
+        "gemma3_vlm": tf.Gemma3ForConditionalGeneration,
     }[family]
     torch.manual_seed(seed)
     model = cls(config)
@@ -209,7 +228,7 @@ def write_sentence_transformers(path: str | Path, mode: str = "mean_tokens", nor
 
 def add_arguments(parser) -> None:
     parser.add_argument("path", help="folder to write the checkpoint into")
-    parser.add_argument("--family", default="llama", choices=FAMILIES)
+    parser.add_argument("--family", default="llama", choices=FAMILIES + VLM_FAMILIES)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sentence-transformers", choices=ST_POOLING_MODES, default=None, metavar="MODE",
                         help="also write sentence-transformers pooling files (mean_tokens, lasttoken or "

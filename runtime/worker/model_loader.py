@@ -8,7 +8,7 @@ shard: the weight loaders take lazy safetensors slices and read the rows or colu
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -17,6 +17,7 @@ from torch import nn
 from pagoda.runtime.model_config import ModelConfig
 from pagoda.runtime.models.pooling_adapter import as_pooling_model, pooling_weights
 from pagoda.runtime.models.registry import get_model_class
+from pagoda.runtime.models.text_only import TextWeights, is_text_only
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -26,9 +27,12 @@ def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch
     return model_dtype if kv_cache_dtype == "auto" else torch.float8_e4m3fn
 
 
-def iter_safetensors(path: Path, lazy: bool = False) -> Iterator[tuple[str, object]]:
+def iter_safetensors(path: Path, lazy: bool = False,
+                     rename: Callable[[str], str | None] | None = None) -> Iterator[tuple[str, object]]:
     """(name, tensor) for every checkpoint tensor; with lazy=True, (name, safetensors slice), from
-    which a weight loader reads just the part it needs (see layers/weight_slice.py)."""
+    which a weight loader reads just the part it needs (see layers/weight_slice.py). rename gives
+    each name the model's, or None for a tensor to skip unread (an image-text checkpoint's vision
+    tower, models/text_only.py)."""
     from safetensors import safe_open
 
     index = path / "model.safetensors.index.json"
@@ -45,7 +49,9 @@ def iter_safetensors(path: Path, lazy: bool = False) -> Iterator[tuple[str, obje
     for name in tqdm(files, desc="Loading safetensors shards", unit="shard", disable=None):
         with safe_open(path / name, framework="pt") as f:
             for key in f.keys():
-                yield key, (f.get_slice(key) if lazy else f.get_tensor(key))
+                ours = rename(key) if rename else key
+                if ours is not None:
+                    yield ours, (f.get_slice(key) if lazy else f.get_tensor(key))
 
 
 def load_model(cfg: ModelConfig, device: torch.device, load_format: str = "auto", seed: int = 0,
@@ -71,16 +77,19 @@ def load_model(cfg: ModelConfig, device: torch.device, load_format: str = "auto"
                 fp8.prepare(model, scheme)
     finally:
         torch.set_default_dtype(previous)
+    text_weights = TextWeights(cfg.architecture) if is_text_only(cfg.architecture) else None
     if load_format == "dummy":
         weights = dummy_weights(model_cls.checkpoint_shapes(cfg), dtype, device, seed)
         where = "dummy weights"
     else:
-        weights = iter_safetensors(cfg.path, lazy=True)
+        weights = iter_safetensors(cfg.path, lazy=True, rename=text_weights)
         where = f"checkpoint in {cfg.path}"
     if pooling:
         model, weights = as_pooling_model(model), pooling_weights(weights)
     with torch.no_grad():
         loaded = model.load_weights(weights)
+    if text_weights is not None and load_format != "dummy":
+        text_weights.log()
     expected = {n for n, _ in model.named_parameters()}
     if missing := expected - loaded:
         raise ValueError(f"{where} lacks weights for: {sorted(missing)[:8]}")

@@ -95,3 +95,31 @@ def test_plan_counts_sequences_by_the_window_only_when_every_layer_has_one(tmp_p
         assert plan["sliding_window"] is None
         assert plan["max_concurrent_seqs"] == plan["num_kv_blocks"] // blocks_per_seq
         assert "sliding window" not in format_plan(plan)
+
+
+def test_plan_counts_the_text_model_of_an_image_text_checkpoint(tmp_path):
+    """gemma-3-4b-it's config.json as Google wrote it: text_config gives only what differs from
+    Gemma3TextConfig's defaults (no head counts, no vocabulary). Pagoda serves its language model
+    alone, so plan counts that (transformers' own language_model), and its KV, and says so."""
+    import transformers as tf
+
+    text = {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text", "num_hidden_layers": 34,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024}
+    vision = {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304, "model_type": "siglip_vision_model",
+              "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": False}
+    google = {"architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999,
+              "eoi_token_index": 256000, "eos_token_id": [1, 106], "image_token_index": 262144,
+              "initializer_range": 0.02, "mm_tokens_per_image": 256, "model_type": "gemma3", "text_config": text,
+              "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0", "vision_config": vision}
+    (tmp_path / "config.json").write_text(json.dumps(google))
+    with torch.device("meta"):
+        model = tf.Gemma3ForConditionalGeneration(tf.AutoConfig.from_pretrained(tmp_path))
+    language = sum(p.numel() for p in model.model.language_model.parameters())
+    everything = sum(p.numel() for p in model.parameters())
+    plan = make_plan(str(tmp_path), 80.0, max_model_len=8192)
+    assert plan["num_parameters"] == plan["num_active_parameters"] == language < everything
+    assert 3.8e9 < language < 3.9e9 and everything > 4.2e9  # Google's 4B: 3.9 B of text, 0.4 B of SigLIP
+    assert plan["dtype"] == "bfloat16" and plan["weight_bytes"] == language * 2
+    assert plan["kv_bytes_per_token"] == 2 * 34 * 4 * 256 * 2  # K and V, 34 layers of 4 KV heads of 256
+    assert plan["parameters_counted"].startswith("text model only")
+    assert "text model only (vision tower and projector not served)" in format_plan(plan)

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pagoda.runtime.frontend.server import unsupported
 from pagoda.runtime.frontend.server.chat_template_request import ChatTemplateFields
+from pagoda.runtime.frontend.server.content_parts import TextOnlyMessages
 from pagoda.runtime.frontend.server.protocol import ChatMessage, TokenId, UsageInfo, _Request
 from pagoda.runtime.frontend.server.unicode import Text
 
@@ -27,7 +28,7 @@ NOT_IMPLEMENTED: dict[str, tuple] = {
 }
 
 
-class EmbeddingRequest(_Request, ChatTemplateFields):
+class EmbeddingRequest(_Request, ChatTemplateFields, TextOnlyMessages):
     """OpenAI's `input`, or vLLM's chat-style `messages` (one conversation, through the chat template)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)

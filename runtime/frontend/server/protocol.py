@@ -19,6 +19,7 @@ from pydantic_core import PydanticCustomError
 
 from pagoda.runtime.frontend.server import unsupported
 from pagoda.runtime.frontend.server.chat_template_request import ChatTemplateFields
+from pagoda.runtime.frontend.server.content_parts import TextOnlyMessages
 from pagoda.runtime.frontend.server.unicode import Text, check_unicode
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -216,7 +217,7 @@ class NamedToolChoice(_Request):
     function: NamedToolChoiceFunction
 
 
-class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
+class ChatCompletionRequest(SamplingFields, ChatTemplateFields, TextOnlyMessages):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="Deprecated by OpenAI.")
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
@@ -377,7 +378,7 @@ class _ClosedRequest(_Request):
         return unsupported.refuse_unimplemented(cls, data, known={})
 
 
-class TokenizeRequest(_ClosedRequest, ChatTemplateFields):
+class TokenizeRequest(_ClosedRequest, ChatTemplateFields, TextOnlyMessages):
     """vLLM's two tokenize requests in one: a `prompt`, or chat `messages` (with the chat fields)."""
 
     model: Text | None = None
