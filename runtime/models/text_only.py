@@ -4,14 +4,17 @@ Gemma 3 from 4B up ships as Gemma3ForConditionalGeneration: config.json nests th
 under `text_config`, beside a `vision_config`, and its tensors carry the language model under a
 prefix, next to a vision tower and a projector. Pagoda runs the language model with the text
 family's class, reads its fields from `text_config`, renames its tensors, and skips the vision
-ones without reading their bytes. Each architecture is one row of TEXT_ONLY; Mistral 3 or the
-Llama-family VLMs would be rows of their own.
+ones without reading their bytes. Each architecture is one row of TEXT_ONLY: Gemma 3, Mistral 3
+(Mistral Small 3.1 and 3.2, a Mistral language model beside a Pixtral tower), Qwen2-VL and
+Qwen2.5-VL (a Qwen2 language model with multimodal RoPE, which on text alone is 1-D RoPE: its three
+position components are then equal, so each frequency section turns by the same position).
 
 Pure Python at import (no torch), like hf_fields: `pagoda plan` reads the config through it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,16 +29,24 @@ class TextOnly:
     skipped: tuple[str, ...]  # prefixes of the tensors a text request never reads
 
 
+# The LLaVA-style layout: transformers 5's in-memory names, and the published checkpoints' (4.5x, and
+# what transformers 5.2x writes back).
+_LLAVA_RENAMES = (
+    ("model.language_model.", "model."),
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+)
+_LLAVA_SKIPPED = ("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.", "multi_modal_projector.")
+# Qwen2-VL's: transformers 5's in-memory names, or the published ones, whose text layers are already
+# the text model's (model.layers.*) beside a top-level visual.* tower.
+_QWEN_VL_RENAMES = (("model.language_model.", "model."),)
+_QWEN_VL_SKIPPED = ("model.visual.", "visual.")
+
 TEXT_ONLY = {
-    "Gemma3ForConditionalGeneration": TextOnly(
-        "Gemma3ForCausalLM",
-        renames=(
-            ("model.language_model.", "model."),  # transformers 5's in-memory names
-            ("language_model.model.", "model."),  # the checkpoints Google published (transformers 4.5x)
-            ("language_model.lm_head.", "lm_head."),
-        ),
-        skipped=("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.", "multi_modal_projector."),
-    ),
+    "Gemma3ForConditionalGeneration": TextOnly("Gemma3ForCausalLM", _LLAVA_RENAMES, _LLAVA_SKIPPED),
+    "Mistral3ForConditionalGeneration": TextOnly("MistralForCausalLM", _LLAVA_RENAMES, _LLAVA_SKIPPED),
+    "Qwen2VLForConditionalGeneration": TextOnly("Qwen2ForCausalLM", _QWEN_VL_RENAMES, _QWEN_VL_SKIPPED),
+    "Qwen2_5_VLForConditionalGeneration": TextOnly("Qwen2ForCausalLM", _QWEN_VL_RENAMES, _QWEN_VL_SKIPPED),
 }
 
 # Top-level fields that describe the checkpoint as a whole, not the vision or the text half; the
@@ -68,7 +79,31 @@ def text_config(path: Path, cfg: dict) -> dict:
         for key in ("dtype", "torch_dtype"):
             text.pop(key, None)
     text |= {key: cfg[key] for key in _CHECKPOINT_FIELDS if key in cfg}
+    if text.get("tie_word_embeddings") and _stores_lm_head(path, TEXT_ONLY[architecture]):
+        # transformers 5 writes Mistral3Config's default (tied) at the top level, and then does not
+        # tie an LM head the checkpoint stores with values of its own: neither do we.
+        text["tie_word_embeddings"] = False
     return text
+
+
+def _stores_lm_head(path: Path, entry: TextOnly) -> bool:
+    """Whether the checkpoint's tensors include the language model's LM head (read from the index or
+    the safetensors headers, no tensor bytes); False where no weights are at hand (`pagoda plan` on
+    a config.json alone)."""
+    heads = ["lm_head.weight"] + [old + "weight" for old, new in entry.renames if new == "lm_head."]
+    return any(name in heads for name in _tensor_names(path))
+
+
+def _tensor_names(path: Path) -> list[str]:
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        return list(json.loads(index.read_text())["weight_map"])
+    names = []
+    for file in sorted(path.glob("*.safetensors")):
+        with open(file, "rb") as f:  # the safetensors header: its length (8 bytes, little-endian), then JSON
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        names += [name for name in header if name != "__metadata__"]
+    return names
 
 
 class TextWeights:

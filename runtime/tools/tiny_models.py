@@ -13,7 +13,7 @@ from pathlib import Path
 
 FAMILIES = ("llama", "llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "gemma2", "gemma3", "phi3")
 # Image-text checkpoints, served text only: not in FAMILIES, whose tests assume a text-only layout.
-VLM_FAMILIES = ("gemma3_vlm",)
+VLM_FAMILIES = ("gemma3_vlm", "mistral3_vlm")
 
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>"]
 
@@ -143,6 +143,21 @@ def _config(spec: TinySpec, tokenizer):
         for key, value in spec.extra.items():
             setattr(cfg.text_config, key, value)
         return cfg
+    elif spec.family == "mistral3_vlm":
+        # Mistral Small 3.1's shape in small: a Mistral text model whose head_dim (24) is not
+        # hidden / heads, untied, no window, under Mistral3ForConditionalGeneration with a one-layer
+        # Pixtral tower and the patch-merging projector. tie_word_embeddings false at the top level
+        # too, as the published checkpoints mean it (transformers 5 writes Mistral3Config's default
+        # true there, and then keeps the stored LM head untied).
+        text = tf.MistralConfig(**common, head_dim=24, rope_theta=1000000000.0, sliding_window=None,
+                                tie_word_embeddings=False)
+        vision = tf.PixtralVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                        num_attention_heads=2, head_dim=8, image_size=28, patch_size=14)
+        cfg = tf.Mistral3Config(text_config=text.to_dict(), vision_config=vision.to_dict(), spatial_merge_size=2,
+                                image_token_index=tokenizer.pad_token_id, tie_word_embeddings=False)
+        for key, value in spec.extra.items():
+            setattr(cfg.text_config, key, value)
+        return cfg
     elif spec.family == "phi3":
         # LongRoPE, with an original length (256) past every test sequence: the short factors rule
         factors = [1.0 + 0.25 * i for i in range(8)]  # one per rotary frequency (head_dim 16)
@@ -182,6 +197,7 @@ def build_tiny_model(path: str | Path, family: str = "llama", seed: int = 0, **o
         "gemma3": tf.Gemma3ForCausalLM,
         "phi3": tf.Phi3ForCausalLM,
         "gemma3_vlm": tf.Gemma3ForConditionalGeneration,
+        "mistral3_vlm": tf.Mistral3ForConditionalGeneration,
     }[family]
     torch.manual_seed(seed)
     model = cls(config)

@@ -123,3 +123,34 @@ def test_plan_counts_the_text_model_of_an_image_text_checkpoint(tmp_path):
     assert plan["kv_bytes_per_token"] == 2 * 34 * 4 * 256 * 2  # K and V, 34 layers of 4 KV heads of 256
     assert plan["parameters_counted"].startswith("text model only")
     assert "text model only (vision tower and projector not served)" in format_plan(plan)
+
+
+def test_plan_counts_the_text_model_of_mistral_small_3_1(tmp_path):
+    """Mistral-Small-3.1-24B-Instruct-2503's config.json as published: a 24B Mistral (head_dim 128,
+    not 5120 / 32; its own LM head) beside a Pixtral tower. plan counts the language model and its
+    head (transformers' own modules), not the tower and projector."""
+    import transformers as tf
+
+    text = {"head_dim": 128, "hidden_act": "silu", "hidden_size": 5120, "intermediate_size": 32768,
+            "max_position_embeddings": 131072, "model_type": "mistral", "num_attention_heads": 32,
+            "num_hidden_layers": 40, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000000.0,
+            "sliding_window": None, "use_cache": True, "vocab_size": 131072}
+    vision = {"head_dim": 64, "hidden_act": "silu", "hidden_size": 1024, "image_size": 1540, "intermediate_size": 4096,
+              "model_type": "pixtral", "num_attention_heads": 16, "num_hidden_layers": 24, "patch_size": 14,
+              "rope_theta": 10000.0}
+    published = {"architectures": ["Mistral3ForConditionalGeneration"], "image_token_index": 10,
+                 "model_type": "mistral3", "multimodal_projector_bias": False, "projector_hidden_act": "gelu",
+                 "spatial_merge_size": 2, "text_config": text, "torch_dtype": "bfloat16",
+                 "transformers_version": "4.50.0.dev0", "vision_config": vision, "vision_feature_layer": -1}
+    (tmp_path / "config.json").write_text(json.dumps(published))
+    config = tf.AutoConfig.from_pretrained(tmp_path)
+    config.tie_word_embeddings = False  # the checkpoint stores language_model.lm_head (transformers keeps it)
+    with torch.device("meta"):
+        model = tf.Mistral3ForConditionalGeneration(config)
+    language = sum(p.numel() for p in model.model.language_model.parameters()) + model.lm_head.weight.numel()
+    everything = sum(p.numel() for p in model.parameters())
+    plan = make_plan(str(tmp_path), 80.0, max_model_len=8192)
+    assert plan["num_parameters"] == language < everything
+    assert 23.5e9 < language < 23.7e9 and everything > 24.0e9  # 23.6 B of text, 0.4 B of Pixtral
+    assert plan["kv_bytes_per_token"] == 2 * 40 * 8 * 128 * 2  # K and V, 40 layers of 8 KV heads of 128
+    assert plan["parameters_counted"].startswith("text model only")
