@@ -12,6 +12,7 @@ from pagoda.runtime.models.hf_fields import (
     GEMMA_TYPES,
     freeable_window,
     has_qk_norm,
+    has_qkv_bias,
     is_sparse_layer,
     moe_shape,
 )
@@ -54,7 +55,7 @@ def count_parameters(config: dict, active: bool = False) -> int:
     head_dim = _head_dim(config)
     q, kv = heads * head_dim, kv_heads * head_dim
     attn = hidden * (q + 2 * kv) + q * hidden
-    if config.get("model_type") == "qwen2" or config.get("attention_bias"):
+    if has_qkv_bias(config):
         attn += q + 2 * kv
     if has_qk_norm(config):
         attn += 2 * head_dim

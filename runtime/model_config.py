@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pagoda.runtime.models.hf_fields import GEMMA_TYPES
+from pagoda.runtime.models.hf_fields import GEMMA_TYPES, has_qkv_bias
 from pagoda.runtime.models.text_only import text_config
 
 logger = logging.getLogger(__name__)
@@ -106,10 +106,6 @@ class ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", cfg.get("model_type") in GEMMA_TYPES)),
             eos_token_ids=_generation_eos_ids(path, cfg),
         )
-
-
-def has_qkv_bias(cfg: dict) -> bool:
-    return cfg.get("model_type") == "qwen2" or bool(cfg.get("attention_bias", False))
 
 
 def resolve_dtype(dtype: str, cfg: dict) -> str:

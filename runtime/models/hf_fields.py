@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 QK_NORM_TYPES = ("qwen3", "qwen3_moe", "gemma3", "gemma3_text")
 GEMMA_TYPES = ("gemma2", "gemma3", "gemma3_text")
+# Qwen2's language model, also as Qwen2-VL's and Qwen2.5-VL's text_config: a bias on q, k and v
+QWEN2_TYPES = ("qwen2", "qwen2_vl_text", "qwen2_5_vl_text")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +55,7 @@ def layer_windows(cfg: dict) -> list[int | None]:
         elif kind in ("gemma3", "gemma3_text"):  # five local layers to one global
             pattern = cfg.get("sliding_window_pattern", 6)
             types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
-        elif kind in ("qwen2", "qwen3", "qwen3_moe"):
+        elif kind in QWEN2_TYPES + ("qwen3", "qwen3_moe"):
             first = cfg.get("max_window_layers", 0) if cfg.get("use_sliding_window") else n
             types = ["sliding_attention" if i >= first else "full_attention" for i in range(n)]
         else:  # Mistral, Mixtral, Phi-3: every layer, when config.json gives a window
@@ -82,3 +84,7 @@ def attention_scale(cfg: dict, head_dim: int) -> float:
 
 def has_qk_norm(cfg: dict) -> bool:
     return cfg.get("model_type") in QK_NORM_TYPES
+
+
+def has_qkv_bias(cfg: dict) -> bool:
+    return cfg.get("model_type") in QWEN2_TYPES or bool(cfg.get("attention_bias", False))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 FAMILIES = ("llama", "llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "gemma2", "gemma3", "phi3")
 # Image-text checkpoints, served text only: not in FAMILIES, whose tests assume a text-only layout.
-VLM_FAMILIES = ("gemma3_vlm", "mistral3_vlm")
+VLM_FAMILIES = ("gemma3_vlm", "mistral3_vlm", "qwen2_vl", "qwen2_5_vl")
 
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>"]
 
@@ -158,6 +158,27 @@ def _config(spec: TinySpec, tokenizer):
         for key, value in spec.extra.items():
             setattr(cfg.text_config, key, value)
         return cfg
+    elif spec.family in ("qwen2_vl", "qwen2_5_vl"):
+        # The qwen2 text model (qkv bias, untied here) with multimodal RoPE: mrope_section splits the
+        # 8 rotary frequencies of head_dim 16 into temporal, height and width parts, as Qwen2.5-VL
+        # splits 64 into 16, 24, 24. One-layer vision towers merging 2 x 2 patches.
+        text = dict(common, rope_theta=1000000.0, tie_word_embeddings=False,
+                    rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
+        ids = dict(image_token_id=tokenizer.pad_token_id, video_token_id=tokenizer.pad_token_id,
+                   vision_start_token_id=tokenizer.convert_tokens_to_ids("<|im_start|>"),
+                   vision_end_token_id=tokenizer.convert_tokens_to_ids("<|eos|>"))
+        if spec.family == "qwen2_5_vl":
+            vision = tf.Qwen2_5_VLVisionConfig(depth=1, hidden_size=16, intermediate_size=32, num_heads=2,
+                                               out_hidden_size=spec.hidden_size, fullatt_block_indexes=[0])
+            cfg = tf.Qwen2_5_VLConfig(text_config=text, vision_config=vision.to_dict(), tie_word_embeddings=False,
+                                      **ids)
+        else:
+            vision = tf.Qwen2VLVisionConfig(depth=1, embed_dim=16, hidden_size=spec.hidden_size, num_heads=2,
+                                            mlp_ratio=2)
+            cfg = tf.Qwen2VLConfig(text_config=text, vision_config=vision.to_dict(), tie_word_embeddings=False, **ids)
+        for key, value in spec.extra.items():
+            setattr(cfg.text_config, key, value)
+        return cfg
     elif spec.family == "phi3":
         # LongRoPE, with an original length (256) past every test sequence: the short factors rule
         factors = [1.0 + 0.25 * i for i in range(8)]  # one per rotary frequency (head_dim 16)
@@ -198,6 +219,8 @@ def build_tiny_model(path: str | Path, family: str = "llama", seed: int = 0, **o
         "phi3": tf.Phi3ForCausalLM,
         "gemma3_vlm": tf.Gemma3ForConditionalGeneration,
         "mistral3_vlm": tf.Mistral3ForConditionalGeneration,
+        "qwen2_vl": tf.Qwen2VLForConditionalGeneration,
+        "qwen2_5_vl": tf.Qwen2_5_VLForConditionalGeneration,
     }[family]
     torch.manual_seed(seed)
     model = cls(config)

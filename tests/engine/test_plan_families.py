@@ -154,3 +154,35 @@ def test_plan_counts_the_text_model_of_mistral_small_3_1(tmp_path):
     assert 23.5e9 < language < 23.7e9 and everything > 24.0e9  # 23.6 B of text, 0.4 B of Pixtral
     assert plan["kv_bytes_per_token"] == 2 * 40 * 8 * 128 * 2  # K and V, 40 layers of 8 KV heads of 128
     assert plan["parameters_counted"].startswith("text model only")
+
+
+def test_plan_counts_the_text_model_of_qwen2_5_vl_7b(tmp_path):
+    """Qwen2.5-VL-7B-Instruct's config.json as published (transformers 4.4x: the text fields at the
+    top level, M-RoPE in rope_scaling, a window that use_sliding_window leaves off): plan counts the
+    Qwen2 language model with its qkv bias and LM head (transformers' own modules), full attention."""
+    import transformers as tf
+
+    vision = {"depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+              "in_chans": 3, "out_hidden_size": 3584, "patch_size": 14, "spatial_merge_size": 2,
+              "spatial_patch_size": 14, "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31],
+              "tokens_per_second": 2, "temporal_patch_size": 2}
+    published = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "attention_dropout": 0.0,
+                 "bos_token_id": 151643, "eos_token_id": 151645, "vision_start_token_id": 151652,
+                 "vision_end_token_id": 151653, "vision_token_id": 151654, "image_token_id": 151655,
+                 "video_token_id": 151656, "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02,
+                 "intermediate_size": 18944, "max_position_embeddings": 128000, "max_window_layers": 28,
+                 "model_type": "qwen2_5_vl", "num_attention_heads": 28, "num_hidden_layers": 28,
+                 "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+                 "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.41.2",
+                 "use_cache": True, "use_sliding_window": False, "vision_config": vision,
+                 "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "vocab_size": 152064}
+    (tmp_path / "config.json").write_text(json.dumps(published))
+    with torch.device("meta"):
+        model = tf.Qwen2_5_VLForConditionalGeneration(tf.AutoConfig.from_pretrained(tmp_path))
+    language = sum(p.numel() for p in model.model.language_model.parameters()) + model.lm_head.weight.numel()
+    everything = sum(p.numel() for p in model.parameters())
+    plan = make_plan(str(tmp_path), 80.0, max_model_len=8192)
+    assert plan["num_parameters"] == language < everything
+    assert language == 7_615_616_512 and everything > 8.2e9  # Qwen2.5-7B's count, and 0.67 B of ViT
+    assert plan["kv_bytes_per_token"] == 2 * 28 * 4 * 128 * 2 and plan["sliding_window"] is None
+    assert plan["parameters_counted"].startswith("text model only")

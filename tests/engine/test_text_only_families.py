@@ -1,6 +1,8 @@
 """The other image-text architectures served text only (models/text_only.py), each against its own
 transformers class on input_ids alone: Mistral3ForConditionalGeneration (Mistral Small 3.1/3.2:
-a Mistral language model, head_dim not hidden / heads, untied, beside a Pixtral tower).
+a Mistral language model, head_dim not hidden / heads, untied, beside a Pixtral tower), and
+Qwen2_5_VLForConditionalGeneration and Qwen2VLForConditionalGeneration (a Qwen2 language model,
+qkv bias, with multimodal RoPE, served by the engine's 1-D RoPE: see the logits test).
 
 For each: the checkpoint is an image-text one, the config is the text model's, both tensor layouts
 (the one transformers writes, and the other, built by renaming) give exactly the text model's
@@ -57,6 +59,14 @@ FAMILIES = {
         to_other=renamer(("language_model.model.", "model.language_model."), ("language_model.lm_head.", "lm_head."),
                          ("vision_tower.", "model.vision_tower."),
                          ("multi_modal_projector.", "model.multi_modal_projector."))),
+    "qwen2_5_vl": Family(
+        "qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+        "qwen2_5_vl_text", written="model.layers.", vision=("visual.", "model.visual."),
+        to_other=renamer(("model.", "model.language_model."), ("visual.", "model.visual."))),
+    "qwen2_vl": Family(
+        "qwen2_vl", "Qwen2VLForConditionalGeneration", "Qwen2VLForConditionalGeneration", "qwen2_vl_text",
+        written="model.layers.", vision=("visual.", "model.visual."),
+        to_other=renamer(("model.", "model.language_model."), ("visual.", "model.visual."))),
 }
 
 
@@ -164,15 +174,28 @@ def test_greedy_matches_transformers_generate(vlm, hf_greedy, layout):
 
 
 def test_teacher_forced_logits_match_transformers(vlm, hf_vlm):
+    """For Qwen2-VL and Qwen2.5-VL this is the check that multimodal RoPE on text alone is the
+    engine's 1-D RoPE: transformers gives text tokens three equal position components (temporal,
+    height, width), so every mrope_section turns by the same position. The sections are live: the
+    height and width components set apart from the temporal one give other logits."""
     rng = random.Random(11)
     total = [sum(phase[s] for phase in (PHASES["prefill"], PHASES["extend"])) + DECODE_STEPS for s in range(2)]
     seqs = [[rng.randrange(5, 512) for _ in range(n)] for n in total]
     got = engine_logits(str(vlm["written"]), seqs)
+    mrope = hf_vlm.config.get_text_config().rope_parameters.get("mrope_section")
     for s, seq in enumerate(seqs):
         with torch.no_grad():
             want = hf_vlm(input_ids=torch.tensor([seq])).logits[0].float()
         assert got[s].shape == want.shape
         assert (got[s] - want).abs().max() <= ATOL
+        if mrope:
+            t = torch.arange(len(seq))
+            with torch.no_grad():  # (a shift common to every token would cancel: RoPE is relative)
+                equal = hf_vlm(input_ids=torch.tensor([seq]), position_ids=torch.stack([t, t, t])[:, None])
+                moved = hf_vlm(input_ids=torch.tensor([seq]), position_ids=torch.stack([t, 2 * t, t // 2])[:, None])
+            equal, moved = equal.logits[0].float(), moved.logits[0].float()
+            assert (got[s] - equal).abs().max() <= ATOL
+            assert (got[s] - moved).abs().max() > 100 * ATOL
 
 
 def test_a_stored_lm_head_is_not_tied_to_a_default_tie(tmp_path):
