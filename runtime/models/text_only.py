@@ -106,6 +106,17 @@ def _tensor_names(path: Path) -> list[str]:
     return names
 
 
+def checkpoint_aliases(renames: tuple[tuple[str, str], ...], name: str) -> list[str]:
+    """A text model's module name and what an image-text checkpoint may call it: its renames run
+    backwards (model.layers.0.mlp.down_proj -> model.language_model.layers.0.mlp.down_proj and
+    language_model.model.layers.0.mlp.down_proj; lm_head -> language_model.lm_head). Every layout's,
+    not only the tensors': a quantization_config's module names come from the exporting tool's
+    in-memory model, and transformers 5 saves the tensors under the older names."""
+    dotted = name + "."
+    aliases = [name] + [(old + dotted[len(new):])[:-1] for old, new in renames if dotted.startswith(new)]
+    return list(dict.fromkeys(aliases))
+
+
 class TextWeights:
     """Checkpoint tensor name -> the text model's, or None for one it never reads (the loader then
     opens no byte of it); counts the skipped ones for the load's one log line."""

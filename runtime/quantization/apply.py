@@ -3,7 +3,8 @@
 The scheme names checkpoint modules (q_proj, gate_proj, experts.3.w1, ...) in its ignore and targets
 lists; Pagoda's fused layers (qkv_proj, gate_up_proj) answer for the checkpoint modules they hold,
 through the model's stacked_params, and an expert block (FusedMoE) for every expert's gate, up and
-down matrices, under the checkpoint's name of the block (the model's checkpoint_renames undone).
+down matrices, under the checkpoint's name of the block (the model's checkpoint_renames undone). An
+image-text checkpoint's prefixes (language_model.model., ...) are the scheme's to undo (scheme.py).
 Column- and row-parallel layers (fp8_linear.py) and the experts (fp8_moe.py) are quantized; the
 embeddings, the LM head and the MoE router (a ReplicatedLinear) stay in the compute dtype, as in
 vLLM (an FP8 router in a checkpoint is refused by the loader).

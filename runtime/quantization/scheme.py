@@ -10,6 +10,11 @@ Two checkpoint formats are read, as vLLM reads them:
 Anything else (block-wise FP8, int4/int8, 4-bit floats, several schemes in one model) is refused
 here, at load, with the scheme's name and what is supported.
 
+An image-text checkpoint served text only (models/text_only.py) names its modules with the
+vision-language model's prefixes (`language_model.model.layers.0...`, `re:.*vision_tower.*`,
+`language_model.lm_head`): the scheme matches each text module under every name the text_only
+renames give it.
+
 Whatever the checkpoint's granularity, a loaded weight keeps one float32 scale per output row
 (a per-tensor scale repeated): fused q|k|v and gate|up shards with their own scales stay exact.
 """
@@ -17,7 +22,9 @@ Whatever the checkpoint's granularity, a loaded weight keeps one float32 scale p
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from pagoda.runtime.models.text_only import TEXT_ONLY, checkpoint_aliases
 
 ACTIVATIONS = ("dynamic-token", "dynamic-tensor", "static-tensor", "none")
 
@@ -34,6 +41,7 @@ class FP8Scheme:
     activations: str  # one of ACTIVATIONS: how a linear layer's input is quantized
     ignore: tuple[str, ...] = ()  # checkpoint module names (or "re:" patterns) left unquantized
     targets: tuple[str, ...] = ("Linear",)  # compressed-tensors' targets: "Linear" is every linear layer
+    renames: tuple[tuple[str, str], ...] = ()  # an image-text checkpoint's prefix -> the text model's
 
     def quantizes(self, names: list[str]) -> bool:
         """Whether the layer that holds these checkpoint modules (q|k|v fused: three names) is FP8.
@@ -45,8 +53,9 @@ class FP8Scheme:
         return bool(hits) and all(hits)
 
     def _quantizes(self, name: str) -> bool:
-        targeted = "Linear" in self.targets or any(_matches(name, t) for t in self.targets)
-        return targeted and not any(_matches(name, pattern) for pattern in self.ignore)
+        names = checkpoint_aliases(self.renames, name)
+        targeted = "Linear" in self.targets or any(_matches(n, t) for n in names for t in self.targets)
+        return targeted and not any(_matches(n, pattern) for n in names for pattern in self.ignore)
 
 
 def _matches(name: str, pattern: str) -> bool:
@@ -79,7 +88,8 @@ def resolve_scheme(hf_config: dict, quantization: str | None) -> FP8Scheme | Non
                                       f"{SUPPORTED}")
     if quantization not in (None, "fp8"):
         raise UnsupportedQuantization(f"--quantization {quantization} does not match the checkpoint's {method}")
-    return scheme
+    text_only = TEXT_ONLY.get((hf_config.get("architectures") or [""])[0])
+    return replace(scheme, renames=text_only.renames) if text_only else scheme
 
 
 def _fp8_method(qc: dict) -> FP8Scheme:

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import torch
 
-PROJECTION = re.compile(r"(model\.layers\.\d+\.(?:self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj"
+# (an image-text checkpoint's language model under language_model.model. or model.language_model.)
+PROJECTION = re.compile(r"((?:language_model\.)?model\.(?:language_model\.)?layers\.\d+\."
+                        r"(?:self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj"
                         r"|(?:mlp|block_sparse_moe)\.experts\.\d+\.(?:w[123]|gate_proj|up_proj|down_proj)))\.weight")
 # model_type -> (the checkpoint's name of the expert block, its experts' gate, up and down names)
 EXPERT_NAMES = {"mixtral": ("block_sparse_moe", ("w1", "w3", "w2")),
@@ -78,10 +80,11 @@ def calibrate(src: Path) -> dict[str, float]:
     return seen
 
 
-def quantization_config(fmt: str, per_channel: bool, static: bool, kv_scales: bool) -> dict:
+def quantization_config(fmt: str, per_channel: bool, static: bool, kv_scales: bool,
+                        ignore: tuple[str, ...] = ("lm_head",)) -> dict:
     if fmt == "fp8":
         return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "static" if static else "dynamic",
-                "ignored_layers": ["lm_head"]}
+                "ignored_layers": list(ignore)}
     activations = ({"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
                    if static else
                    {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True, "symmetric": True})
@@ -94,14 +97,17 @@ def quantization_config(fmt: str, per_channel: bool, static: bool, kv_scales: bo
                         "dynamic": False, "symmetric": True},
             "input_activations": activations,
         }},
-        "ignore": ["lm_head"],
+        "ignore": list(ignore),
         "kv_cache_scheme": kv if kv_scales else None,
     }
 
 
 def write_fp8_checkpoint(src: Path, dst: Path, fmt: str, *, per_channel: bool = True, static: bool = False,
-                         kv_scales: bool = False) -> Path:
-    """dst: src's files, its projections in FP8 (fmt "fp8" or "compressed-tensors"), one safetensors file."""
+                         kv_scales: bool = False, ignore: tuple[str, ...] = ("lm_head",),
+                         keep: tuple[str, ...] = ()) -> Path:
+    """dst: src's files, its projections in FP8 (fmt "fp8" or "compressed-tensors"), one safetensors file.
+    ignore: the quantization_config's list, as written (the exporting tool's module names); keep: the
+    checkpoint's projection modules it names, left in src's dtype, as the tool leaves them."""
     from safetensors.torch import load_file, save_file
 
     dst.mkdir(parents=True, exist_ok=True)
@@ -115,7 +121,7 @@ def write_fp8_checkpoint(src: Path, dst: Path, fmt: str, *, per_channel: bool = 
     out = {}
     for name, t in tensors.items():
         match = PROJECTION.fullmatch(name)
-        if match is None:
+        if match is None or match.group(1) in keep:
             out[name] = t
             continue
         module = match.group(1)
@@ -131,7 +137,7 @@ def write_fp8_checkpoint(src: Path, dst: Path, fmt: str, *, per_channel: bool = 
             out[kv_name] = torch.tensor(amax[f"{module}.output"] / FP8_MAX * 1.25)  # rotary may grow k a bit
     save_file(out, dst / "model.safetensors")
     config = json.loads((dst / "config.json").read_text())
-    config["quantization_config"] = quantization_config(fmt, per_channel, static, kv_scales)
+    config["quantization_config"] = quantization_config(fmt, per_channel, static, kv_scales, ignore)
     (dst / "config.json").write_text(json.dumps(config, indent=2))
     return dst
 
