@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from pagoda.runtime.core.kv.block_hash import BlockHash, hash_block_tokens
+from pagoda.runtime.core.kv.block_hash import BlockHash, hash_full_blocks
 from pagoda.runtime.core.structured_outputs import RequestGrammar
 from pagoda.runtime.sampling_params import SamplingParams
 
@@ -116,12 +116,11 @@ class Request:
             self._update_block_hashes()
 
     def _update_block_hashes(self) -> None:
-        bs = self.block_size
-        while (len(self.block_hashes) + 1) * bs <= self.num_tokens:
-            i = len(self.block_hashes)
-            parent = self.block_hashes[-1] if self.block_hashes else None
-            tokens = self.token_ids_slice(i * bs, (i + 1) * bs)
-            self.block_hashes.append(hash_block_tokens(parent, tokens, self.cache_salt))
+        bs, hashes = self.block_size, self.block_hashes
+        num_full = (len(self.prompt_token_ids) + len(self.output_token_ids)) // bs
+        if num_full > len(hashes):
+            tokens = self.token_ids_slice(len(hashes) * bs, num_full * bs)
+            hashes += hash_full_blocks(hashes[-1] if hashes else None, tokens, bs, self.cache_salt)
 
     @property
     def is_finished(self) -> bool:
