@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pagoda.runtime.core.outputs import EngineCoreOutput, TokenLogprobs
-from pagoda.runtime.frontend.detokenizer import IncrementalDetokenizer
+from pagoda.runtime.frontend.detokenizer import IncrementalDetokenizer, decodes_whole
 from pagoda.runtime.frontend.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from pagoda.runtime.frontend.processor import child_ids
 from pagoda.runtime.sampling_params import RequestOutputKind, SamplingParams
@@ -55,6 +55,7 @@ class RequestState:
 class OutputProcessor:
     def __init__(self, tokenizer, metrics=None):
         self.tokenizer = tokenizer
+        self.decodes_whole = decodes_whole(tokenizer)  # a final-only text costs one decode
         # Anything with on_first_token / on_tokens / on_finish (the server's ServerMetrics).
         self.metrics = metrics
         self.states: dict[str, RequestState] = {}
@@ -76,7 +77,8 @@ class OutputProcessor:
             prompt=prompt,
             prompt_token_ids=list(prompt_token_ids),
             output_kind=params.output_kind,
-            completions=[_completion(i, self.tokenizer, prompt_token_ids, params, want_lp) for i in range(params.n)],
+            completions=[_completion(i, self.tokenizer, prompt_token_ids, params, want_lp, self.decodes_whole)
+                         for i in range(params.n)],
             metrics=RequestMetrics(arrival_time=arrival_time),
             prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
             num_unfinished=params.n,
@@ -256,9 +258,9 @@ class OutputProcessor:
 
 
 def _completion(index: int, tokenizer, prompt_token_ids: list[int], params: SamplingParams,
-                want_logprobs: bool) -> CompletionState:
+                want_logprobs: bool, whole: bool) -> CompletionState:
     token_ids: list[int] = []
-    detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, params, token_ids)
+    detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, params, token_ids, whole)
     return CompletionState(index, detokenizer, [] if want_logprobs else None, token_ids)
 
 
