@@ -259,6 +259,8 @@ class EngineCore:
             self.structured_outputs.wait_for_compiles(compiling, timeout=0.05)
 
     def _outputs(self, updated: list[Request], logprobs: dict, prompt_logprobs: dict) -> list[EngineCoreOutput]:
+        if not logprobs and not prompt_logprobs:
+            return self._plain_outputs(updated)
         outputs = []
         append, reasons = outputs.append, FINISH_REASONS
         # Once per running request per step: no dict lookups unless the step has logprobs.
@@ -286,6 +288,22 @@ class EngineCore:
                 request_id, [], None, plp, None, None, max(r.num_cached_tokens, 0), r.first_scheduled_time,
                 r.num_preemptions,
             ))
+        return outputs
+
+    def _plain_outputs(self, updated: list[Request]) -> list[EngineCoreOutput]:
+        """_outputs for a step without logprobs (most steps): the same records, built with
+        tuple.__new__ (EngineCoreOutput's own __new__ is a Python function: a call per row)."""
+        new, cls, reasons = tuple.__new__, EngineCoreOutput, FINISH_REASONS
+        outputs = []
+        append = outputs.append
+        for r in updated:
+            out = r.output_token_ids
+            if r.index == 0 and len(out) == 1:
+                self.prompt_tokens += len(r.prompt_token_ids)
+            cached = r.num_cached_tokens
+            append(new(cls, (r.request_id, [out[-1]], None, None, reasons[r.status], r.stop_reason,
+                             cached if cached > 0 else 0, r.first_scheduled_time, r.num_preemptions, None)))
+        self.generation_tokens += len(updated)
         return outputs
 
     def stats(self) -> EngineStats:

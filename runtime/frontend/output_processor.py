@@ -50,6 +50,7 @@ class RequestState:
     num_unfinished: int
     num_cached_tokens: int = 0
     sent_prompt_logprobs: int = 0
+    step_tokens: int = 0  # new tokens in the records being processed (process_outputs)
 
 
 class OutputProcessor:
@@ -119,7 +120,6 @@ class OutputProcessor:
         """One step's records -> the RequestOutputs due now, and the core requests a stop string
         ended (to abort in the core)."""
         touched: dict[str, RequestState] = {}
-        new_tokens: dict[str, int] = {}
         to_abort: list[str] = []
         children = self._children
         for o in core_outputs:
@@ -138,7 +138,7 @@ class OutputProcessor:
                     del children[o.request_id]
                     state.num_unfinished -= 1
                 continue
-            new_tokens[state.request_id] = new_tokens.get(state.request_id, 0) + len(o.new_token_ids)
+            state.step_tokens += len(o.new_token_ids)
             c.token_ids += o.new_token_ids  # the lazy detokenizer reads this list too
             if o.new_logprobs and c.logprobs is not None:
                 for lp in o.new_logprobs:
@@ -157,12 +157,21 @@ class OutputProcessor:
                 del children[o.request_id]
                 state.num_unfinished -= 1
         outputs = []
-        for request_id, state in touched.items():
-            if request_id in new_tokens:
-                self._clock(state, new_tokens[request_id], now)
+        metrics = self.metrics
+        for state in touched.values():
+            num_new = state.step_tokens
+            if num_new:
+                state.step_tokens = 0
+                if metrics is None:  # _clock without metrics (LLM), inlined: once per request and step
+                    m = state.metrics
+                    if m.first_token_time is None:
+                        m.first_token_time = now
+                    m.last_token_time = now
+                else:
+                    self._clock(state, num_new, now)
             if state.num_unfinished == 0:
                 outputs.append(self._finish(state, now))
-            elif state.output_kind != FINAL_ONLY and request_id in new_tokens:
+            elif num_new and state.output_kind != FINAL_ONLY:
                 outputs.append(self._make_output(state, False))
         return outputs, to_abort
 
