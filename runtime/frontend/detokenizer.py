@@ -92,13 +92,21 @@ class IncrementalDetokenizer:
             ids, self.num_decoded = self.queued[self.num_decoded : end], end
             self.output_text += "".join(self._step_output(t) for t in ids)
 
+    def decodes_whole_now(self) -> bool:
+        """Whether flush() would decode the whole output in one call (nothing of it read yet)."""
+        return self.whole and not self.num_decoded and not self.flushed
+
+    def _whole_ids(self) -> list[int]:
+        end = len(self.queued) if self.text_end is None else self.text_end
+        self.num_decoded = end
+        return self.queued[:end]
+
     def flush(self) -> None:
         """At the end, bytes that never completed a character appear as U+FFFD, as in a full
         decode, instead of vanishing."""
-        if self.whole and not self.num_decoded and not self.flushed:
-            end = len(self.queued) if self.text_end is None else self.text_end
-            self.output_text = self.backend.decode(self.queued[:end], skip_special_tokens=self.skip_special_tokens)
-            self.num_decoded, self.flushed = end, True
+        if self.decodes_whole_now():
+            self.output_text = self.backend.decode(self._whole_ids(), skip_special_tokens=self.skip_special_tokens)
+            self.flushed = True
             return
         self._decode_queued()
         if self.pending and not self.flushed:
@@ -169,3 +177,20 @@ def check_stop_strings(
                 return stop_str, -1
         return stop_str, index
     return None
+
+
+def flush_together(detokenizers: list[IncrementalDetokenizer]) -> None:
+    """flush() for the completions that end in one step, with their whole decodes in one
+    decode_batch call per skip_special_tokens setting: tokenizers spreads it over the cores (and
+    lets go of the GIL), where a wave of final-only requests finishing together would otherwise
+    decode one after another on the step thread. The texts are decode()'s."""
+    groups: dict[bool, list[IncrementalDetokenizer]] = {}
+    for d in detokenizers:
+        if d.decodes_whole_now():
+            groups.setdefault(d.skip_special_tokens, []).append(d)
+    for skip, group in groups.items():
+        if len(group) < 2:
+            continue  # flush() decodes it alone
+        texts = group[0].backend.decode_batch([d._whole_ids() for d in group], skip_special_tokens=skip)
+        for d, text in zip(group, texts):
+            d.output_text, d.flushed = text, True

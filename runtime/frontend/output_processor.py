@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pagoda.runtime.core.outputs import EngineCoreOutput, TokenLogprobs
-from pagoda.runtime.frontend.detokenizer import IncrementalDetokenizer, decodes_whole
+from pagoda.runtime.frontend.detokenizer import IncrementalDetokenizer, decodes_whole, flush_together
 from pagoda.runtime.frontend.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from pagoda.runtime.frontend.processor import child_ids
 from pagoda.runtime.sampling_params import RequestOutputKind, SamplingParams
@@ -121,6 +121,7 @@ class OutputProcessor:
         ended (to abort in the core)."""
         touched: dict[str, RequestState] = {}
         to_abort: list[str] = []
+        ending: list[RequestState] = []  # whose last completion ended in these records
         children = self._children
         for o in core_outputs:
             entry = children.get(o.request_id)
@@ -156,8 +157,14 @@ class OutputProcessor:
             if c.finish_reason is not None:
                 del children[o.request_id]
                 state.num_unfinished -= 1
+                if not state.num_unfinished:
+                    ending.append(state)
         outputs = []
         metrics = self.metrics
+        if ending and self.decodes_whole:
+            # The final-only texts of the requests that end now, decoded together.
+            flush_together([c.detokenizer for state in ending for c in state.completions
+                            if not isinstance(c.stop_reason, str)])
         for state in touched.values():
             num_new = state.step_tokens
             if num_new:

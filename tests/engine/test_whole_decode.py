@@ -124,3 +124,34 @@ def _byte_tokens() -> dict[int, str]:
     from pagoda.runtime.tools.bench.bpe_vocab import bytes_to_unicode
 
     return bytes_to_unicode()
+
+
+def test_decoding_the_completions_that_end_together_gives_each_ones_text(tok):
+    """flush_together (the requests that end in one step, decoded in one decode_batch per
+    skip_special_tokens setting) against flush() one by one: the same texts, including for
+    detokenizers that cannot decode whole (read before, or a prompt ending inside a character)."""
+    from pagoda.runtime.frontend.detokenizer import flush_together
+
+    rng = random.Random(3)
+    prompts, outputs = _sequences(tok, rng, 40), _sequences(tok, rng, 40)
+
+    def build(i):
+        ids: list[int] = []
+        params = SamplingParams(skip_special_tokens=bool(i % 3), include_stop_str_in_output=bool(i % 5 == 0))
+        d = IncrementalDetokenizer(tok, prompts[i], params, ids, whole=True)
+        for k in range(0, len(outputs[i]), 2):
+            ids += outputs[i][k : k + 2]
+            d.update(outputs[i][k : k + 2], i % 4 == 0 and k + 2 >= len(outputs[i]))
+            if i % 7 == 0:
+                d.get_text(False)  # streamed
+        return d
+
+    alone = [build(i) for i in range(40)]
+    for d in alone:
+        d.flush()
+    together = [build(i) for i in range(40)]
+    assert sum(d.decodes_whole_now() for d in together) > 20
+    flush_together(together)
+    for d in together:
+        d.flush()  # what _make_output does next: a no-op for those decoded together
+    assert [d.get_text(True) for d in together] == [d.get_text(True) for d in alone]
