@@ -72,6 +72,11 @@ class Request:
     # Greedy, and nothing else for the sampler to do (no logprobs, grammar, token constraints,
     # min_tokens or penalties): Sampler.sample's fast path, an argmax.
     plain_greedy: bool = field(default=False, init=False)
+    # The scheduler's per-row checks, precomputed: the token count at which the next block fills
+    # (and is hashed), and the output length that ends the request by length (max_tokens, which
+    # Scheduler.add_request lowers to what max_model_len leaves after the prompt).
+    next_block_end: int = field(default=0, init=False)
+    output_limit: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         if not self.parent_id:
@@ -83,6 +88,7 @@ class Request:
         self.plain_greedy = (params.greedy and params.logprobs is None and self.grammar is None
                              and not params.constrains_tokens and params.min_tokens == 0
                              and not params.has_penalties)
+        self.output_limit = self.max_tokens
         self._update_block_hashes()
 
     @property
@@ -112,7 +118,7 @@ class Request:
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         # Called for every token of every running request: return early unless a block filled.
-        if (len(self.block_hashes) + 1) * self.block_size <= len(self.prompt_token_ids) + len(self.output_token_ids):
+        if self.next_block_end <= len(self.prompt_token_ids) + len(self.output_token_ids):
             self._update_block_hashes()
 
     def _update_block_hashes(self) -> None:
@@ -121,6 +127,7 @@ class Request:
         if num_full > len(hashes):
             tokens = self.token_ids_slice(len(hashes) * bs, num_full * bs)
             hashes += hash_full_blocks(hashes[-1] if hashes else None, tokens, bs, self.cache_salt)
+        self.next_block_end = (len(hashes) + 1) * bs
 
     @property
     def is_finished(self) -> bool:

@@ -67,6 +67,8 @@ class Scheduler:
         self.failed: list[Request] = []
 
     def add_request(self, request: Request) -> None:
+        # A length stop is then one comparison per row and step (update_from_output, schedule_ahead).
+        request.output_limit = min(request.max_tokens, self.max_model_len - len(request.prompt_token_ids))
         self.requests[request.request_id] = request
         if request.index == 0:
             self.first_child[request.parent_id] = request
@@ -119,7 +121,7 @@ class Scheduler:
             # is one, so none waits more than one step longer, and half the steps still overlap.
             return None
         nxt = SchedulerOutput(ahead=True)
-        scheduled, max_len, finished = nxt.scheduled, self.max_model_len, RequestStatus.FINISHED_STOPPED
+        scheduled, finished = nxt.scheduled, RequestStatus.FINISHED_STOPPED
         # Once per running request per step: Request's properties are inlined here. The items
         # are current's own (each is one decode token of its request, and nothing changes them).
         for item in current.scheduled:
@@ -134,7 +136,7 @@ class Scheduler:
                 return None  # its sampling reads the tokens so far on the host
             if r.grammar is not None:
                 nxt.defer_sampling = True  # its mask needs `current`'s token in its matcher
-            if num_output + 1 >= r.max_tokens or num_tokens + 1 >= max_len:
+            if num_output + 1 >= r.output_limit:
                 continue  # `current` gives its last token (_reaches_length with one pending)
             scheduled.append(item)
         if not scheduled:
@@ -222,7 +224,6 @@ class Scheduler:
                 if request.status < finished:
                     request.num_computed_tokens += item.num_tokens
         updated = []
-        max_len = self.max_model_len
         # Once per running request per step: Request.append_output_token and _check_stop's common
         # case (stops on EOS and length only) are inlined.
         for request, token in zip(sampled_requests, tokens):
@@ -232,13 +233,13 @@ class Scheduler:
             output.append(token)
             num_output = len(output)
             num_tokens = len(request.prompt_token_ids) + num_output
-            if (len(request.block_hashes) + 1) * request.block_size <= num_tokens:
+            if request.next_block_end <= num_tokens:
                 request._update_block_hashes()  # a block filled
             updated.append(request)
             if request.simple_stops:
                 if token == request.stop_eos:
                     request.status = finished
-                elif num_output >= request.max_tokens or num_tokens >= max_len:
+                elif num_output >= request.output_limit:  # max_tokens, or max_model_len
                     request.status = length_capped
                 else:
                     continue
