@@ -77,6 +77,9 @@ class Request:
     # Scheduler.add_request lowers to what max_model_len leaves after the prompt).
     next_block_end: int = field(default=0, init=False)
     output_limit: int = field(default=0, init=False)
+    # Whether a sampled token can end it before its length does (EOS, a stop token id, a grammar,
+    # or a stop string the frontend finds): only then is a seat freed at a step nobody foresaw.
+    stops_on_token: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         if not self.parent_id:
@@ -89,6 +92,7 @@ class Request:
                              and not params.constrains_tokens and params.min_tokens == 0
                              and not params.has_penalties)
         self.output_limit = self.max_tokens
+        self.stops_on_token = self.stop_eos is not None or not self.simple_stops or bool(params.stop)
         self._update_block_hashes()
 
     @property
