@@ -178,6 +178,7 @@ class EngineCore:
             parent_id=request.parent_id,
             index=request.index,
             grammar=grammar,
+            defer_hashes=True,
         ))
 
     def abort_requests(self, request_ids: list[str]) -> None:

@@ -62,6 +62,10 @@ class Request:
     num_prompt_logprobs: int = 0  # prompt positions whose logprobs were already reported
     first_scheduled_time: float | None = None
     grammar: RequestGrammar | None = None  # structured outputs: its compile, then its matcher
+    # The engine core's requests hash their prompt's blocks when first scheduled (the scheduler
+    # calls _update_block_hashes), not on arrival: LLM.generate adds every request before the
+    # first step, and the GPU waits for those adds.
+    defer_hashes: bool = False
     # Facts of the sampling params the scheduler reads for every row of every step, fixed at
     # arrival (the params do not change while the request runs).
     needs_history: bool = field(default=False, init=False)  # SamplingParams.needs_history
@@ -93,7 +97,8 @@ class Request:
                              and not params.has_penalties)
         self.output_limit = self.max_tokens
         self.stops_on_token = self.stop_eos is not None or not self.simple_stops or bool(params.stop)
-        self._update_block_hashes()
+        if not self.defer_hashes:
+            self._update_block_hashes()
 
     @property
     def num_prompt_tokens(self) -> int:

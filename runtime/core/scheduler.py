@@ -169,6 +169,8 @@ class Scheduler:
                 self.finish_request(request, RequestStatus.FINISHED_ABORTED)
                 self.failed.append(request)
                 continue
+            if request.next_block_end <= request.num_tokens:
+                request._update_block_hashes()  # deferred from arrival (Request.defer_hashes)
             source = self._sibling_source(request)
             if source is False:
                 held_back.append(self.waiting.popleft())

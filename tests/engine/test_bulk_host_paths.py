@@ -194,3 +194,38 @@ def test_plain_step_records_are_the_general_builders(tiny_models, monkeypatch):
     while engine.has_unfinished_requests():
         engine.step()
     assert checked[0] > 10 and engine.engine_core.scheduler.num_preemptions > 0
+
+
+def test_prompt_blocks_hashed_at_admission_hit_the_cache_as_hashed_on_arrival(tiny_models, monkeypatch):
+    """The engine core's requests hash their prompt blocks when first scheduled (defer_hashes),
+    not on arrival: the same hashes, the same prefix-cache queries and hits, the same tokens, with
+    preemptions (their requests come back already hashed) and n > 1 siblings."""
+    from pagoda.runtime.core.scheduler import Scheduler
+
+    def run(eager: bool):
+        if eager:
+            add = Scheduler.add_request
+
+            def hashed_on_arrival(self, request):
+                request._update_block_hashes()
+                assert request.block_hashes or request.num_tokens < request.block_size
+                add(self, request)
+
+            monkeypatch.setattr(Scheduler, "add_request", hashed_on_arrival)
+        engine = _engine(tiny_models["llama"], num_kv_blocks=40)
+        hashes = {}
+        admit = engine.engine_core.scheduler.kv.get_computed_blocks
+
+        def seen(request):
+            hashes[request.request_id] = list(request.block_hashes)
+            return admit(request)
+
+        engine.engine_core.scheduler.kv.get_computed_blocks = seen
+        out = _run(engine, make_shared_prefix_prompts() + make_prompts(lengths=[9, 17, 33, 40]))
+        monkeypatch.undo()
+        kv = engine.kv_cache_manager
+        return out, hashes, (kv.prefix_cache_queries, kv.prefix_cache_hits), engine.scheduler.num_preemptions
+
+    deferred, eager = run(False), run(True)
+    assert deferred == eager
+    assert deferred[2][1] > 0 and deferred[3] > 0  # the cache was hit, and requests were preempted
