@@ -225,6 +225,8 @@ class EngineCore:
                 self._in_flight = (ahead, self.executor.launch(ahead, self.kv_cache_manager, pending))
         if overlap is not None:
             overlap()
+        if self.scheduler.waiting:
+            self.scheduler.hash_next_admissions()  # under this step's GPU time, not the next schedule's
         result = pending.wait()
         updated = self.scheduler.update_from_output(sched, result.sampled_requests, result.sampled_tokens)
         outputs = self._outputs(updated, result.logprobs, result.prompt_logprobs)

@@ -157,6 +157,20 @@ class Scheduler:
             item.request.num_in_flight_tokens += 1
         return nxt
 
+    def hash_next_admissions(self) -> None:
+        """Hash the prompt blocks of the waiting requests the next schedule may admit (deferred
+        from arrival, Request.defer_hashes), as far as a step's token budget reaches. EngineCore
+        calls it while a step runs on the GPU, so that the schedule after it, which the GPU waits
+        for, only looks the hashes up. Already hashed requests cost one comparison each."""
+        budget = self.max_num_batched_tokens
+        for request in self.waiting:
+            if budget <= 0:
+                break
+            num_tokens = len(request.prompt_token_ids) + len(request.output_token_ids)
+            if request.next_block_end <= num_tokens:
+                request._update_block_hashes()
+            budget -= num_tokens - request.num_computed_tokens
+
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
         held_back: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
