@@ -178,6 +178,7 @@ class EngineCore:
             parent_id=request.parent_id,
             index=request.index,
             grammar=grammar,
+            defer_hashes=True,
         ))
 
     def abort_requests(self, request_ids: list[str]) -> None:
@@ -224,6 +225,8 @@ class EngineCore:
                 self._in_flight = (ahead, self.executor.launch(ahead, self.kv_cache_manager, pending))
         if overlap is not None:
             overlap()
+        if self.scheduler.waiting:
+            self.scheduler.hash_next_admissions()  # under this step's GPU time, not the next schedule's
         result = pending.wait()
         updated = self.scheduler.update_from_output(sched, result.sampled_requests, result.sampled_tokens)
         outputs = self._outputs(updated, result.logprobs, result.prompt_logprobs)
@@ -259,6 +262,8 @@ class EngineCore:
             self.structured_outputs.wait_for_compiles(compiling, timeout=0.05)
 
     def _outputs(self, updated: list[Request], logprobs: dict, prompt_logprobs: dict) -> list[EngineCoreOutput]:
+        if not logprobs and not prompt_logprobs:
+            return self._plain_outputs(updated)
         outputs = []
         append, reasons = outputs.append, FINISH_REASONS
         # Once per running request per step: no dict lookups unless the step has logprobs.
@@ -286,6 +291,22 @@ class EngineCore:
                 request_id, [], None, plp, None, None, max(r.num_cached_tokens, 0), r.first_scheduled_time,
                 r.num_preemptions,
             ))
+        return outputs
+
+    def _plain_outputs(self, updated: list[Request]) -> list[EngineCoreOutput]:
+        """_outputs for a step without logprobs (most steps): the same records, built with
+        tuple.__new__ (EngineCoreOutput's own __new__ is a Python function: a call per row)."""
+        new, cls, reasons = tuple.__new__, EngineCoreOutput, FINISH_REASONS
+        outputs = []
+        append = outputs.append
+        for r in updated:
+            out = r.output_token_ids
+            if r.index == 0 and len(out) == 1:
+                self.prompt_tokens += len(r.prompt_token_ids)
+            cached = r.num_cached_tokens
+            append(new(cls, (r.request_id, [out[-1]], None, None, reasons[r.status], r.stop_reason,
+                             cached if cached > 0 else 0, r.first_scheduled_time, r.num_preemptions, None)))
+        self.generation_tokens += len(updated)
         return outputs
 
     def stats(self) -> EngineStats:

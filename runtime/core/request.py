@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from pagoda.runtime.core.kv.block_hash import BlockHash, hash_block_tokens
+from pagoda.runtime.core.kv.block_hash import BlockHash, hash_full_blocks
 from pagoda.runtime.core.structured_outputs import RequestGrammar
 from pagoda.runtime.sampling_params import SamplingParams
 
@@ -62,6 +62,10 @@ class Request:
     num_prompt_logprobs: int = 0  # prompt positions whose logprobs were already reported
     first_scheduled_time: float | None = None
     grammar: RequestGrammar | None = None  # structured outputs: its compile, then its matcher
+    # The engine core's requests hash their prompt's blocks when first scheduled (the scheduler
+    # calls _update_block_hashes), not on arrival: LLM.generate adds every request before the
+    # first step, and the GPU waits for those adds.
+    defer_hashes: bool = False
     # Facts of the sampling params the scheduler reads for every row of every step, fixed at
     # arrival (the params do not change while the request runs).
     needs_history: bool = field(default=False, init=False)  # SamplingParams.needs_history
@@ -72,6 +76,14 @@ class Request:
     # Greedy, and nothing else for the sampler to do (no logprobs, grammar, token constraints,
     # min_tokens or penalties): Sampler.sample's fast path, an argmax.
     plain_greedy: bool = field(default=False, init=False)
+    # The scheduler's per-row checks, precomputed: the token count at which the next block fills
+    # (and is hashed), and the output length that ends the request by length (max_tokens, which
+    # Scheduler.add_request lowers to what max_model_len leaves after the prompt).
+    next_block_end: int = field(default=0, init=False)
+    output_limit: int = field(default=0, init=False)
+    # Whether a sampled token can end it before its length does (EOS, a stop token id, a grammar,
+    # or a stop string the frontend finds): only then is a seat freed at a step nobody foresaw.
+    stops_on_token: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         if not self.parent_id:
@@ -83,7 +95,10 @@ class Request:
         self.plain_greedy = (params.greedy and params.logprobs is None and self.grammar is None
                              and not params.constrains_tokens and params.min_tokens == 0
                              and not params.has_penalties)
-        self._update_block_hashes()
+        self.output_limit = self.max_tokens
+        self.stops_on_token = self.stop_eos is not None or not self.simple_stops or bool(params.stop)
+        if not self.defer_hashes:
+            self._update_block_hashes()
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -112,16 +127,16 @@ class Request:
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         # Called for every token of every running request: return early unless a block filled.
-        if (len(self.block_hashes) + 1) * self.block_size <= len(self.prompt_token_ids) + len(self.output_token_ids):
+        if self.next_block_end <= len(self.prompt_token_ids) + len(self.output_token_ids):
             self._update_block_hashes()
 
     def _update_block_hashes(self) -> None:
-        bs = self.block_size
-        while (len(self.block_hashes) + 1) * bs <= self.num_tokens:
-            i = len(self.block_hashes)
-            parent = self.block_hashes[-1] if self.block_hashes else None
-            tokens = self.token_ids_slice(i * bs, (i + 1) * bs)
-            self.block_hashes.append(hash_block_tokens(parent, tokens, self.cache_salt))
+        bs, hashes = self.block_size, self.block_hashes
+        num_full = (len(self.prompt_token_ids) + len(self.output_token_ids)) // bs
+        if num_full > len(hashes):
+            tokens = self.token_ids_slice(len(hashes) * bs, num_full * bs)
+            hashes += hash_full_blocks(hashes[-1] if hashes else None, tokens, bs, self.cache_salt)
+        self.next_block_end = (len(hashes) + 1) * bs
 
     @property
     def is_finished(self) -> bool:

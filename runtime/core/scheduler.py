@@ -67,6 +67,8 @@ class Scheduler:
         self.failed: list[Request] = []
 
     def add_request(self, request: Request) -> None:
+        # A length stop is then one comparison per row and step (update_from_output, schedule_ahead).
+        request.output_limit = min(request.max_tokens, self.max_model_len - len(request.prompt_token_ids))
         self.requests[request.request_id] = request
         if request.index == 0:
             self.first_child[request.parent_id] = request
@@ -105,7 +107,9 @@ class Scheduler:
 
         It is known when `current` is a pure decode step (every request samples one token) and no
         request needs its history on the host to sample (penalties); while requests wait to be
-        admitted, only every other step is scheduled ahead.
+        admitted, only every other step is scheduled ahead, unless no seat can free up before the
+        next step (all seats taken, none freed by `current`'s length stops, and no request that a
+        token could stop): a schedule after reading `current` would admit nobody then either.
         The next step then runs the same requests, one token further, with the input ids taken
         from `current`'s sampled ids on the device. Requests that `current` surely finishes by
         length are left out; one that stops on a token or string wastes one row, whose token is
@@ -114,12 +118,16 @@ class Scheduler:
         """
         if current.preempted or not current.scheduled:
             return None
-        if self.waiting and current.ahead:
-            # Admission happens in normal schedules only: with requests waiting, every other step
-            # is one, so none waits more than one step longer, and half the steps still overlap.
+        # Admission happens in normal schedules only: with requests waiting, every other step is
+        # one, so none waits more than one step longer, and half the steps still overlap. But with
+        # every seat taken until a length stop frees one (W4: all of a wave end together), such a
+        # schedule admits nobody and builds the very step scheduled ahead; the GPU would wait for
+        # it on every other step (at 256 seats, 0.33 ms per decode step on the H200).
+        admit = bool(self.waiting) and current.ahead
+        if admit and len(self.running) < self.max_num_seqs:
             return None
         nxt = SchedulerOutput(ahead=True)
-        scheduled, max_len, finished = nxt.scheduled, self.max_model_len, RequestStatus.FINISHED_STOPPED
+        scheduled, finished = nxt.scheduled, RequestStatus.FINISHED_STOPPED
         # Once per running request per step: Request's properties are inlined here. The items
         # are current's own (each is one decode token of its request, and nothing changes them).
         for item in current.scheduled:
@@ -134,11 +142,13 @@ class Scheduler:
                 return None  # its sampling reads the tokens so far on the host
             if r.grammar is not None:
                 nxt.defer_sampling = True  # its mask needs `current`'s token in its matcher
-            if num_output + 1 >= r.max_tokens or num_tokens + 1 >= max_len:
+            if admit and r.stops_on_token:
+                return None  # `current` may free its seat: admit in a normal schedule
+            if num_output + 1 >= r.output_limit:
                 continue  # `current` gives its last token (_reaches_length with one pending)
             scheduled.append(item)
-        if not scheduled:
-            return None
+        if not scheduled or (admit and len(scheduled) < len(current.scheduled)):
+            return None  # (or `current` frees seats: the next schedule admits)
         # Room for the in-flight token and the next one, for all or none: a partial allocation
         # would hold blocks a step early for requests that then run synchronously.
         if not self.kv.allocate_decode_slots([item.request for item in scheduled], 2):
@@ -146,6 +156,20 @@ class Scheduler:
         for item in scheduled:
             item.request.num_in_flight_tokens += 1
         return nxt
+
+    def hash_next_admissions(self) -> None:
+        """Hash the prompt blocks of the waiting requests the next schedule may admit (deferred
+        from arrival, Request.defer_hashes), as far as a step's token budget reaches. EngineCore
+        calls it while a step runs on the GPU, so that the schedule after it, which the GPU waits
+        for, only looks the hashes up. Already hashed requests cost one comparison each."""
+        budget = self.max_num_batched_tokens
+        for request in self.waiting:
+            if budget <= 0:
+                break
+            num_tokens = len(request.prompt_token_ids) + len(request.output_token_ids)
+            if request.next_block_end <= num_tokens:
+                request._update_block_hashes()
+            budget -= num_tokens - request.num_computed_tokens
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
         held_back: list[Request] = []
@@ -159,6 +183,8 @@ class Scheduler:
                 self.finish_request(request, RequestStatus.FINISHED_ABORTED)
                 self.failed.append(request)
                 continue
+            if request.next_block_end <= request.num_tokens:
+                request._update_block_hashes()  # deferred from arrival (Request.defer_hashes)
             source = self._sibling_source(request)
             if source is False:
                 held_back.append(self.waiting.popleft())
@@ -222,7 +248,6 @@ class Scheduler:
                 if request.status < finished:
                     request.num_computed_tokens += item.num_tokens
         updated = []
-        max_len = self.max_model_len
         # Once per running request per step: Request.append_output_token and _check_stop's common
         # case (stops on EOS and length only) are inlined.
         for request, token in zip(sampled_requests, tokens):
@@ -232,13 +257,13 @@ class Scheduler:
             output.append(token)
             num_output = len(output)
             num_tokens = len(request.prompt_token_ids) + num_output
-            if (len(request.block_hashes) + 1) * request.block_size <= num_tokens:
+            if request.next_block_end <= num_tokens:
                 request._update_block_hashes()  # a block filled
             updated.append(request)
             if request.simple_stops:
                 if token == request.stop_eos:
                     request.status = finished
-                elif num_output >= request.max_tokens or num_tokens >= max_len:
+                elif num_output >= request.output_limit:  # max_tokens, or max_model_len
                     request.status = length_capped
                 else:
                     continue

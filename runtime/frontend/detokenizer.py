@@ -14,14 +14,21 @@ from there, and a running completion's update is then nothing at all (OutputProc
 
 from __future__ import annotations
 
-from tokenizers.decoders import DecodeStream
+from tokenizers.decoders import ByteLevel, DecodeStream
 
 from pagoda.runtime.sampling_params import SamplingParams
 
 
+def decodes_whole(tokenizer) -> bool:
+    """Whether one decode of a whole output gives the stream's text (see the module's doc)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return (backend is not None and isinstance(backend.decoder, ByteLevel)
+            and not getattr(tokenizer, "clean_up_tokenization_spaces", True))
+
+
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_token_ids: list[int], params: SamplingParams,
-                 token_ids: list[int] | None = None):
+                 token_ids: list[int] | None = None, whole: bool = False):
         self.tokenizer = tokenizer
         self.backend = tokenizer.backend_tokenizer
         self.skip_special_tokens = params.skip_special_tokens
@@ -36,7 +43,8 @@ class IncrementalDetokenizer:
         self.output_text = ""
         self.num_tokens = 0
         self.flushed = False
-        for token_id in self._prompt_suffix(prompt_token_ids):
+        suffix = self._prompt_suffix(prompt_token_ids)
+        for token_id in suffix:
             self._step(token_id)
         self.pending: list[int] = []  # output tokens whose bytes do not yet form whole characters
         # No stop strings (lazy): the output ids, of which the first `num_decoded` went through the
@@ -47,6 +55,9 @@ class IncrementalDetokenizer:
         self.queued: list[int] = token_ids if self.shared else []
         self.num_decoded = 0
         self.text_end: int | None = None
+        # A text never read before the end is decoded whole (whole: decodes_whole(tokenizer)).
+        self.whole = whole and self.lazy and "\ufffd" not in self.backend.decode(
+            suffix, skip_special_tokens=self.skip_special_tokens)
 
     def _prompt_suffix(self, prompt: list[int]) -> list[int]:
         # The shortest tail of 4+ tokens that decodes cleanly (as vLLM picks it).
@@ -81,9 +92,22 @@ class IncrementalDetokenizer:
             ids, self.num_decoded = self.queued[self.num_decoded : end], end
             self.output_text += "".join(self._step_output(t) for t in ids)
 
+    def decodes_whole_now(self) -> bool:
+        """Whether flush() would decode the whole output in one call (nothing of it read yet)."""
+        return self.whole and not self.num_decoded and not self.flushed
+
+    def _whole_ids(self) -> list[int]:
+        end = len(self.queued) if self.text_end is None else self.text_end
+        self.num_decoded = end
+        return self.queued[:end]
+
     def flush(self) -> None:
         """At the end, bytes that never completed a character appear as U+FFFD, as in a full
         decode, instead of vanishing."""
+        if self.decodes_whole_now():
+            self.output_text = self.backend.decode(self._whole_ids(), skip_special_tokens=self.skip_special_tokens)
+            self.flushed = True
+            return
         self._decode_queued()
         if self.pending and not self.flushed:
             self.output_text += self.tokenizer.decode(
@@ -153,3 +177,20 @@ def check_stop_strings(
                 return stop_str, -1
         return stop_str, index
     return None
+
+
+def flush_together(detokenizers: list[IncrementalDetokenizer]) -> None:
+    """flush() for the completions that end in one step, with their whole decodes in one
+    decode_batch call per skip_special_tokens setting: tokenizers spreads it over the cores (and
+    lets go of the GIL), where a wave of final-only requests finishing together would otherwise
+    decode one after another on the step thread. The texts are decode()'s."""
+    groups: dict[bool, list[IncrementalDetokenizer]] = {}
+    for d in detokenizers:
+        if d.decodes_whole_now():
+            groups.setdefault(d.skip_special_tokens, []).append(d)
+    for skip, group in groups.items():
+        if len(group) < 2:
+            continue  # flush() decodes it alone
+        texts = group[0].backend.decode_batch([d._whole_ids() for d in group], skip_special_tokens=skip)
+        for d, text in zip(group, texts):
+            d.output_text, d.flushed = text, True

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from pagoda.runtime.engine_args import EngineArgs
 from pagoda.runtime.frontend.llm_engine import LLMEngine
@@ -106,6 +108,10 @@ class LLM(PoolingMixin):
         return texts, ids
 
     def _run(self, texts, token_ids, params, use_tqdm: bool) -> list[RequestOutput]:
+        with frozen_heap():
+            return self._generate(texts, token_ids, params, use_tqdm)
+
+    def _generate(self, texts, token_ids, params, use_tqdm: bool) -> list[RequestOutput]:
         engine = self.llm_engine
         order = {}
         final_only: dict[int, SamplingParams] = {}  # only finished outputs are read here
@@ -133,3 +139,27 @@ class LLM(PoolingMixin):
             if bar is not None:
                 bar.close()
         return sorted(finished.values(), key=lambda o: order[o.request_id])
+
+
+YOUNG_THRESHOLD = 20000  # tracked allocations between young collections while generating (default 700)
+
+
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """The collector while a generate call runs. What exists before it (the model, torch, the
+    engine) is kept out of its walks (gc.freeze), and handed back after; full collections wait
+    (they would walk every request's token lists too), and young ones run every 20k allocations
+    instead of 700 (most of a step's records are gone by then). Measured in W4 at 1,024 seats on
+    the CPU: 0.3 s of collections in a run, one of them 170 ms on the step thread (the GPU waits
+    that long), down to 25 ms. vLLM's engine core freezes its heap likewise; so does engine_proc."""
+    if gc.get_freeze_count():  # frozen by someone else already: leave it to them
+        yield
+        return
+    threshold = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(max(threshold[0], YOUNG_THRESHOLD), threshold[1], max(threshold[2], 100))
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
+        gc.unfreeze()

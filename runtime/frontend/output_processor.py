@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pagoda.runtime.core.outputs import EngineCoreOutput, TokenLogprobs
-from pagoda.runtime.frontend.detokenizer import IncrementalDetokenizer
+from pagoda.runtime.frontend.detokenizer import IncrementalDetokenizer, decodes_whole, flush_together
 from pagoda.runtime.frontend.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from pagoda.runtime.frontend.processor import child_ids
 from pagoda.runtime.sampling_params import RequestOutputKind, SamplingParams
@@ -50,11 +50,13 @@ class RequestState:
     num_unfinished: int
     num_cached_tokens: int = 0
     sent_prompt_logprobs: int = 0
+    step_tokens: int = 0  # new tokens in the records being processed (process_outputs)
 
 
 class OutputProcessor:
     def __init__(self, tokenizer, metrics=None):
         self.tokenizer = tokenizer
+        self.decodes_whole = decodes_whole(tokenizer)  # a final-only text costs one decode
         # Anything with on_first_token / on_tokens / on_finish (the server's ServerMetrics).
         self.metrics = metrics
         self.states: dict[str, RequestState] = {}
@@ -76,7 +78,8 @@ class OutputProcessor:
             prompt=prompt,
             prompt_token_ids=list(prompt_token_ids),
             output_kind=params.output_kind,
-            completions=[_completion(i, self.tokenizer, prompt_token_ids, params, want_lp) for i in range(params.n)],
+            completions=[_completion(i, self.tokenizer, prompt_token_ids, params, want_lp, self.decodes_whole)
+                         for i in range(params.n)],
             metrics=RequestMetrics(arrival_time=arrival_time),
             prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
             num_unfinished=params.n,
@@ -117,8 +120,8 @@ class OutputProcessor:
         """One step's records -> the RequestOutputs due now, and the core requests a stop string
         ended (to abort in the core)."""
         touched: dict[str, RequestState] = {}
-        new_tokens: dict[str, int] = {}
         to_abort: list[str] = []
+        ending: list[RequestState] = []  # whose last completion ended in these records
         children = self._children
         for o in core_outputs:
             entry = children.get(o.request_id)
@@ -136,7 +139,7 @@ class OutputProcessor:
                     del children[o.request_id]
                     state.num_unfinished -= 1
                 continue
-            new_tokens[state.request_id] = new_tokens.get(state.request_id, 0) + len(o.new_token_ids)
+            state.step_tokens += len(o.new_token_ids)
             c.token_ids += o.new_token_ids  # the lazy detokenizer reads this list too
             if o.new_logprobs and c.logprobs is not None:
                 for lp in o.new_logprobs:
@@ -154,13 +157,28 @@ class OutputProcessor:
             if c.finish_reason is not None:
                 del children[o.request_id]
                 state.num_unfinished -= 1
+                if not state.num_unfinished:
+                    ending.append(state)
         outputs = []
-        for request_id, state in touched.items():
-            if request_id in new_tokens:
-                self._clock(state, new_tokens[request_id], now)
+        metrics = self.metrics
+        if ending and self.decodes_whole:
+            # The final-only texts of the requests that end now, decoded together.
+            flush_together([c.detokenizer for state in ending for c in state.completions
+                            if not isinstance(c.stop_reason, str)])
+        for state in touched.values():
+            num_new = state.step_tokens
+            if num_new:
+                state.step_tokens = 0
+                if metrics is None:  # _clock without metrics (LLM), inlined: once per request and step
+                    m = state.metrics
+                    if m.first_token_time is None:
+                        m.first_token_time = now
+                    m.last_token_time = now
+                else:
+                    self._clock(state, num_new, now)
             if state.num_unfinished == 0:
                 outputs.append(self._finish(state, now))
-            elif state.output_kind != FINAL_ONLY and request_id in new_tokens:
+            elif num_new and state.output_kind != FINAL_ONLY:
                 outputs.append(self._make_output(state, False))
         return outputs, to_abort
 
@@ -256,9 +274,9 @@ class OutputProcessor:
 
 
 def _completion(index: int, tokenizer, prompt_token_ids: list[int], params: SamplingParams,
-                want_logprobs: bool) -> CompletionState:
+                want_logprobs: bool, whole: bool) -> CompletionState:
     token_ids: list[int] = []
-    detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, params, token_ids)
+    detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, params, token_ids, whole)
     return CompletionState(index, detokenizer, [] if want_logprobs else None, token_ids)
 
 

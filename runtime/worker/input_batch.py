@@ -149,7 +149,8 @@ class BatchBuilder:
         rows that belong to no sequence."""
         scheduled = sched.scheduled
         num_seqs = len(scheduled)
-        num_tokens = sum(s.num_tokens for s in scheduled)
+        # A step scheduled ahead is one decode token per request by construction.
+        num_tokens = num_seqs if sched.ahead else sum(s.num_tokens for s in scheduled)
         # A step scheduled ahead runs one token past what the requests have computed and hold:
         # that token is still in flight, and the runner copies it into input_ids on the device.
         ahead = int(sched.ahead)
@@ -204,7 +205,8 @@ class BatchBuilder:
         scheduled, decodes = batch_order(sched.scheduled)
         bs = self.block_size
         num_seqs = len(scheduled)
-        num_tokens = sum(s.num_tokens for s in scheduled)
+        # A step scheduled ahead is one decode token per request by construction.
+        num_tokens = num_seqs if sched.ahead else sum(s.num_tokens for s in scheduled)
         padded = pad_seqs or num_seqs
         padded_tokens = pad_tokens or num_tokens + (padded - num_seqs)
         width = self.tables.sync([s.request for s in scheduled], kv)

@@ -267,7 +267,8 @@ class ModelRunner:
         self, sched: SchedulerOutput, kv: KVCacheManager, previous: PendingStep | None
     ) -> tuple[StepBatch, torch.Tensor]:
         num_seqs = len(sched.scheduled)
-        is_decode = sched.total_num_tokens == num_seqs  # one query token per request
+        # One query token per request (a step scheduled ahead is one by construction: no sum).
+        is_decode = sched.ahead or sched.total_num_tokens == num_seqs
         pad = padded_size(num_seqs, self.graph_sizes) if is_decode and self.graphs else None
         bucket = None
         if pad is None and self.mixed_graphs is not None:

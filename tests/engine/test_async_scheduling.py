@@ -158,3 +158,38 @@ def test_long_prefill_token_threshold_caps_chunks_and_keeps_tokens(tiny_models):
     assert max(max(step) for step in chunks) == 16
     # The 90-token prompt took at least 6 chunks, and decodes ran in the steps beside them.
     assert sum(1 for step in chunks if 16 in step and 1 in step) >= 3
+
+
+def test_full_seats_that_only_length_can_free_keep_every_decode_step_ahead(tiny_models):
+    """W4's shape: more requests than seats, ignore_eos, one length. While every seat is taken and
+    only a length stop can free one, a normal schedule would admit nobody, so the steps stay
+    ahead (the GPU never waits for the host) except where a wave ends; the tokens are the
+    synchronous ones. With requests an EOS could end, the alternation stays (the test above)."""
+    prompts = make_prompts(seed=36)[:10]
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+
+    def run(async_scheduling: bool):
+        engine = _engine(tiny_models["qwen2"], async_scheduling, max_num_seqs=4)
+        kinds = []
+        launch = engine.runner.launch
+
+        def counting(sched, kv, previous=None):
+            if sched.total_num_tokens == len(sched.scheduled):
+                kinds.append(sched.ahead)
+            return launch(sched, kv, previous)
+
+        engine.runner.launch = counting
+        for i, p in enumerate(prompts):
+            engine.add_request(str(i), None, p, params)
+        finished = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    finished[out.request_id] = out.outputs[0].token_ids
+        return finished, kinds
+
+    sync, _ = run(False)
+    got, kinds = run(True)
+    assert got == sync
+    # Three waves of four seats (10 requests): a synchronous decode step only where one ends.
+    assert kinds.count(False) <= 4 and kinds.count(True) >= 20, kinds

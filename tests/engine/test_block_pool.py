@@ -118,3 +118,25 @@ def test_prefix_caching_off_never_hits():
     kv.free(a)
     assert kv.get_computed_blocks(make_request("b", list(range(9)))) == ([], 0)
     assert not kv.block_pool.cached
+
+
+def test_hashing_a_run_of_blocks_gives_the_block_by_block_digests():
+    """Request hashes its new full blocks in one call (hash_full_blocks); the digests are
+    hash_block_tokens', chained block by block, salted or not, from the root or a parent."""
+    import random
+
+    from pagoda.runtime.core.kv.block_hash import hash_full_blocks
+
+    rng = random.Random(0)
+    ids = [rng.randrange(0, 2**40) for _ in range(BS * 10)]
+    for salt in (b"", b"tenant-a"):
+        for parent in (None, hash_block_tokens(None, [9, 9, 9, 9, 9, 9, 9, 9])):
+            want, h = [], parent
+            for i in range(0, len(ids), BS):
+                h = hash_block_tokens(h, ids[i : i + BS], salt)
+                want.append(h)
+            assert hash_full_blocks(parent, ids, BS, salt) == want
+    r = make_request("r", ids[: 2 * BS + 1], cache_salt=b"s")  # 2 full blocks and a token
+    for t in ids[2 * BS + 1 :]:
+        r.append_output_token(t)
+    assert r.block_hashes == hash_full_blocks(None, ids, BS, b"s")

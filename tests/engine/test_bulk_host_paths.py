@@ -1,8 +1,9 @@
 """The host path's bulk code against the per-request code it replaced: a decode step built with
 numpy over whole columns stages the same inputs as the row-by-row builder, the block-table mirror
 holds every request's blocks, allocating a decode step's slots in one pass leaves the KV cache as
-per-request allocation does, and the scheduler's inlined EOS/length stops end requests as
-_check_stop does, token for token."""
+per-request allocation does, the scheduler's inlined EOS/length stops end requests as
+_check_stop does, token for token, and a step without logprobs gets the records (and counters)
+the general record builder gives."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import random
 import numpy as np
 
 from pagoda.runtime import SamplingParams
+from pagoda.runtime.core.engine_core import EngineCore
 from pagoda.runtime.core.kv.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.request import Request
 from pagoda.runtime.core.scheduler import ScheduledRequest, SchedulerOutput
@@ -165,3 +167,65 @@ def test_inlined_eos_and_length_stops_end_requests_as_check_stop(tiny_models):
     assert inline == reference
     reasons = {reason for completions in inline.values() for _, reason, _ in completions}
     assert reasons == {"stop", "length"}  # both stops were met
+
+
+def test_plain_step_records_are_the_general_builders(tiny_models, monkeypatch):
+    """EngineCore._plain_outputs (a step without logprobs) against _outputs' general loop, given a
+    logprobs map that names no request (so that loop runs and finds none): the same records, the
+    same prompt and generation token counts, over prefills, decodes, finishes and preemptions."""
+    plain, checked = EngineCore._plain_outputs, [0]
+
+    def both(self, updated):
+        counts = (self.prompt_tokens, self.generation_tokens)
+        got = plain(self, updated)
+        after = (self.prompt_tokens, self.generation_tokens)
+        self.prompt_tokens, self.generation_tokens = counts
+        want = EngineCore._outputs(self, updated, {"no such request": None}, {})
+        assert got == want and type(got[0]) is type(want[0]) if got else got == want
+        assert (self.prompt_tokens, self.generation_tokens) == after
+        checked[0] += bool(got)
+        return got
+
+    monkeypatch.setattr(EngineCore, "_plain_outputs", both)
+    prompts = make_prompts(lengths=[1, 5, 8, 9, 16, 17, 31, 40])
+    engine = _engine(tiny_models["qwen2"], num_kv_blocks=30)  # short: some are preempted
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), None, p, SamplingParams(temperature=0.8, seed=i, max_tokens=12, n=1 + i % 2))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert checked[0] > 10 and engine.engine_core.scheduler.num_preemptions > 0
+
+
+def test_prompt_blocks_hashed_at_admission_hit_the_cache_as_hashed_on_arrival(tiny_models, monkeypatch):
+    """The engine core's requests hash their prompt blocks when first scheduled (defer_hashes),
+    not on arrival: the same hashes, the same prefix-cache queries and hits, the same tokens, with
+    preemptions (their requests come back already hashed) and n > 1 siblings."""
+    from pagoda.runtime.core.scheduler import Scheduler
+
+    def run(eager: bool):
+        if eager:
+            add = Scheduler.add_request
+
+            def hashed_on_arrival(self, request):
+                request._update_block_hashes()
+                assert request.block_hashes or request.num_tokens < request.block_size
+                add(self, request)
+
+            monkeypatch.setattr(Scheduler, "add_request", hashed_on_arrival)
+        engine = _engine(tiny_models["llama"], num_kv_blocks=40)
+        hashes = {}
+        admit = engine.engine_core.scheduler.kv.get_computed_blocks
+
+        def seen(request):
+            hashes[request.request_id] = list(request.block_hashes)
+            return admit(request)
+
+        engine.engine_core.scheduler.kv.get_computed_blocks = seen
+        out = _run(engine, make_shared_prefix_prompts() + make_prompts(lengths=[9, 17, 33, 40]))
+        monkeypatch.undo()
+        kv = engine.kv_cache_manager
+        return out, hashes, (kv.prefix_cache_queries, kv.prefix_cache_hits), engine.scheduler.num_preemptions
+
+    deferred, eager = run(False), run(True)
+    assert deferred == eager
+    assert deferred[2][1] > 0 and deferred[3] > 0  # the cache was hit, and requests were preempted
