@@ -4,6 +4,16 @@ from __future__ import annotations
 
 import os
 
+# One torch (OpenMP) thread per process. The suite runs a worker per core and more (servers, engine
+# processes), so extra threads only take cores from each other, and OpenMP's idle threads spin
+# between parallel regions on the tiny models' small ops. Measured on 2 cores: the greedy-parity and
+# sampling tests took 52 CPU-s with the default threads, 40 with OMP_WAIT_POLICY=PASSIVE, 26 with
+# one thread (and less wall time, the cores idle). Set before torch is imported; the subprocesses
+# tests start (pagoda serve, engine and tensor-parallel workers) inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+pytest_plugins = ["suite_timing"]  # the time report after --durations (tests/suite_timing.py)
+
 # The modules of these folders share session fixtures that are expensive to build (tests/kube: a
 # whole control plane; tests/router: two `pagoda serve` replicas and a router), so they go to one
 # worker together instead of each worker that gets one of them building its own.
@@ -40,3 +50,4 @@ def pytest_xdist_make_scheduler(config, log):
             super()._assign_work_unit(node)
 
     return SharedSessionScopes(config, log)
+
