@@ -19,16 +19,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model_config import ModelConfig
 from pagoda.runtime.models import get_model_class
 from pagoda.runtime.models.text_only import TextWeights
 from pagoda.runtime.tools.tiny_models import build_tiny_model
 from pagoda.runtime.worker.model_loader import iter_safetensors, load_model
 
-from .conftest import MAX_NEW_TOKENS, make_prompts
 from .test_logits_parity import ATOL, DECODE_STEPS, PHASES, engine_logits
-from .test_text_only_vlm import WatchedOpen, checkpoint_names, relayout
+from .test_text_only_vlm import (
+    WatchedOpen,
+    assert_greedy_matches,
+    checkpoint_names,
+    greedy_reference,
+    relayout,
+)
 
 
 def renamer(*pairs: tuple[str, str]):
@@ -141,36 +145,18 @@ def test_both_layouts_load_the_same_weights_and_skip_vision_unread(family, vlm, 
         torch.testing.assert_close(new[name], param, rtol=0, atol=0, msg=name)
 
 
-GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS)
 SETUPS = {"written": dict(num_kv_blocks=18),  # 16 prompts cannot all hold their blocks: preemption
           "other": dict(max_num_batched_tokens=12)}  # chunked prefill
 
 
 @pytest.fixture(scope="module")
 def hf_greedy(hf_vlm):
-    cache = {}
-
-    def greedy(prompt: list[int]) -> list[int]:
-        if tuple(prompt) not in cache:
-            ids = torch.tensor([prompt])
-            with torch.no_grad():  # input_ids only: the text path of the image-text model
-                out = hf_vlm.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW_TOKENS,
-                                      do_sample=False)
-            cache[tuple(prompt)] = out[0, len(prompt):].tolist()
-        return cache[tuple(prompt)]
-    return greedy
+    return greedy_reference(hf_vlm)
 
 
 @pytest.mark.parametrize("layout", list(SETUPS))
 def test_greedy_matches_transformers_generate(vlm, hf_greedy, layout):
-    prompts = make_prompts()
-    llm = LLM(str(vlm[layout]), block_size=8, max_model_len=128, device="cpu", **SETUPS[layout])
-    outputs = llm.generate(prompt_token_ids=prompts, sampling_params=GREEDY, use_tqdm=False)
-    if "num_kv_blocks" in SETUPS[layout]:
-        assert llm.llm_engine.stats().num_preemptions > 0
-    for prompt, out in zip(prompts, outputs):
-        want = hf_greedy(prompt)
-        assert out.outputs[0].token_ids == want, f"prompt of {len(prompt)}: engine {out.outputs[0].token_ids} != {want}"
+    assert_greedy_matches(vlm[layout], SETUPS[layout], hf_greedy)
 
 
 def test_teacher_forced_logits_match_transformers(vlm, hf_vlm):

@@ -163,31 +163,43 @@ SETUPS = {"transformers4": dict(num_kv_blocks=18),  # 16 prompts cannot all hold
           "transformers5": dict(max_num_batched_tokens=12)}  # chunked prefill, chunks shorter than the window
 
 
-@pytest.fixture(scope="module")
-def hf_greedy(hf_vlm):
+def greedy_reference(hf_model):
+    """transformers' greedy continuation of a prompt (input_ids only: the text path of the
+    image-text model), computed once per prompt."""
     cache = {}
 
     def greedy(prompt: list[int]) -> list[int]:
         if tuple(prompt) not in cache:
             ids = torch.tensor([prompt])
-            with torch.no_grad():  # input_ids only: the text path of the image-text model
-                out = hf_vlm.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW_TOKENS,
-                                      do_sample=False)
+            with torch.no_grad():
+                out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW_TOKENS,
+                                        do_sample=False)
             cache[tuple(prompt)] = out[0, len(prompt):].tolist()
         return cache[tuple(prompt)]
     return greedy
 
 
-@pytest.mark.parametrize("layout", list(SETUPS))
-def test_greedy_matches_transformers_generate(vlm, hf_greedy, layout):
+def assert_greedy_matches(model_dir, setup: dict, hf_greedy) -> None:
+    """The engine's greedy outputs on make_prompts() equal transformers'; with num_kv_blocks in
+    the setup, preemption must have happened."""
     prompts = make_prompts()
-    llm = LLM(str(vlm[layout]), block_size=8, max_model_len=128, device="cpu", **SETUPS[layout])
+    llm = LLM(str(model_dir), block_size=8, max_model_len=128, device="cpu", **setup)
     outputs = llm.generate(prompt_token_ids=prompts, sampling_params=GREEDY, use_tqdm=False)
-    if "num_kv_blocks" in SETUPS[layout]:
+    if "num_kv_blocks" in setup:
         assert llm.llm_engine.stats().num_preemptions > 0
     for prompt, out in zip(prompts, outputs):
         want = hf_greedy(prompt)
         assert out.outputs[0].token_ids == want, f"prompt of {len(prompt)}: engine {out.outputs[0].token_ids} != {want}"
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(hf_vlm):
+    return greedy_reference(hf_vlm)
+
+
+@pytest.mark.parametrize("layout", list(SETUPS))
+def test_greedy_matches_transformers_generate(vlm, hf_greedy, layout):
+    assert_greedy_matches(vlm[layout], SETUPS[layout], hf_greedy)
 
 
 def test_teacher_forced_logits_match_transformers(vlm, hf_vlm):
