@@ -85,10 +85,15 @@ def test_fp8_checkpoint_logits_match_transformers(tiny_models, checkpoints, fmt,
 
 @pytest.mark.parametrize("fmt", ["fp8", pytest.param("compressed-tensors", marks=NEEDS_CT)])
 def test_fp8_checkpoint_greedy_output_matches_transformers(tiny_models, checkpoints, fmt):
-    from pagoda.runtime import LLM, SamplingParams
-
     src, dst = Path(tiny_models["llama"]), checkpoints[fmt, True, False]
     model = reference(src, dst, fmt)
+    assert_greedy_matches(dst, model)
+
+
+def assert_greedy_matches(dst, model) -> None:
+    """The engine's greedy output on checkpoint dst, in fp32, equals transformers' model's."""
+    from pagoda.runtime import LLM, SamplingParams
+
     prompts = make_prompts(3, [3, 9, 17, 33])
     llm = LLM(str(dst), dtype="float32", block_size=8, num_kv_blocks=64, max_model_len=128, device="cpu")
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=10,

@@ -22,9 +22,8 @@ from pagoda.runtime.model_config import ModelConfig
 from pagoda.runtime.quantization.scheme import UnsupportedQuantization
 from pagoda.runtime.worker.model_loader import load_model
 
-from .conftest import make_prompts
 from .fp8_checkpoints import dequantize, quantize, write_fp8_checkpoint
-from .test_fp8_checkpoints import NEEDS_CT, cases, reference
+from .test_fp8_checkpoints import NEEDS_CT, assert_greedy_matches, cases, reference
 from .test_logits_parity import ATOL, engine_logits
 
 FAMILIES = ("mixtral", "qwen3_moe")
@@ -85,21 +84,10 @@ def test_fp8_moe_checkpoint_logits_match_transformers(tiny_models, moe_checkpoin
 @pytest.mark.parametrize("family,fmt", cases([("mixtral", "fp8"), ("qwen3_moe", "compressed-tensors")],
                                              lambda row: row[1]))
 def test_fp8_moe_greedy_output_matches_transformers(tiny_models, moe_checkpoints, family, fmt):
-    from pagoda.runtime import LLM, SamplingParams
-
     per_channel = fmt == "compressed-tensors"
     src, dst = Path(tiny_models[family]), moe_checkpoints[family, fmt, per_channel, not per_channel]
     model = reference(src, dst, fmt)
-    prompts = make_prompts(3, [3, 9, 17, 33])
-    llm = LLM(str(dst), dtype="float32", block_size=8, num_kv_blocks=64, max_model_len=128, device="cpu")
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=10,
-                                                                                   ignore_eos=True))
-    for prompt, out in zip(prompts, outs):
-        ids = torch.tensor([prompt])
-        with torch.no_grad():
-            want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False,
-                                  min_new_tokens=10)[0, len(prompt):].tolist()
-        assert list(out.outputs[0].token_ids) == want
+    assert_greedy_matches(dst, model)
 
 
 def test_online_quantization_quantizes_every_expert_per_channel(tiny_models):
