@@ -46,8 +46,28 @@ class Fp8Launch:
         return self.path not in WEIGHT_ONLY
 
 
-# (rows, N, K, act) -> the fastest path at that many rows, measured (see the docstring).
-FP8_SMALL_M: dict[tuple[int, int, int, str | None], Fp8Launch] = {}
+# (rows, N, K, act) -> the fastest path at that many rows, measured (see the docstring): the Llama-3.1-8B
+# projections on the H200 at 0cbc34a (e2e/results/w4-busy-0cbc34a/gemv-fp8-pagoda-2026-12-02.json). At one
+# row the weight-only GEMV wins (2.32 ms of linears per decode step against 4.44 for _scaled_mm); from
+# two rows on the tensor-core small-M GEMM does (2.5-2.6 ms at 2-8 rows).
+FP8_SMALL_M: dict[tuple[int, int, int, str | None], Fp8Launch] = {
+    (1, 6144, 4096, None): Fp8Launch("gemv", GemvConfig(block_n=8, block_k=1024, split_k=1, num_warps=4, num_stages=1, fold=16)),
+    (1, 4096, 4096, None): Fp8Launch("gemv", GemvConfig(block_n=8, block_k=1024, split_k=1, num_warps=4, num_stages=1, fold=16)),
+    (1, 28672, 4096, None): Fp8Launch("gemv", GemvConfig(block_n=32, block_k=256, split_k=1, num_warps=4, num_stages=1, fold=1)),
+    (1, 4096, 14336, "silu_mul"): Fp8Launch("gemv", GemvConfig(block_n=8, block_k=2048, split_k=1, num_warps=8, num_stages=1, fold=1)),
+    (2, 6144, 4096, None): Fp8Launch("scaled_gemv", ScaledGemvConfig(block_n=128, block_k=128, split_k=4, num_warps=4, num_stages=4)),
+    (2, 4096, 4096, None): Fp8Launch("scaled_gemv", ScaledGemvConfig(block_n=64, block_k=256, split_k=4, num_warps=4, num_stages=4)),
+    (2, 28672, 4096, None): Fp8Launch("scaled_gemv", ScaledGemvConfig(block_n=128, block_k=256, split_k=1, num_warps=4, num_stages=3)),
+    (2, 4096, 14336, "silu_mul"): Fp8Launch("scaled_gemv", ScaledGemvConfig(block_n=64, block_k=256, split_k=4, num_warps=4, num_stages=4)),
+    (4, 6144, 4096, None): Fp8Launch("scaled_gemv", ScaledGemvConfig(block_n=128, block_k=128, split_k=4, num_warps=4, num_stages=4)),
+    (4, 4096, 4096, None): Fp8Launch("scaled_gemv", ScaledGemvConfig(block_n=64, block_k=256, split_k=4, num_warps=4, num_stages=4)),
+    (4, 28672, 4096, None): Fp8Launch("scaled_gemv", ScaledGemvConfig(block_n=128, block_k=256, split_k=1, num_warps=4, num_stages=3)),
+    (4, 4096, 14336, "silu_mul"): Fp8Launch("scaled_gemv", ScaledGemvConfig(block_n=64, block_k=256, split_k=4, num_warps=4, num_stages=4)),
+    (8, 6144, 4096, None): Fp8Launch("scaled_gemv", ScaledGemvConfig(block_n=64, block_k=256, split_k=2, num_warps=4, num_stages=4)),
+    (8, 4096, 4096, None): Fp8Launch("scaled_gemv", ScaledGemvConfig(block_n=64, block_k=256, split_k=4, num_warps=4, num_stages=4)),
+    (8, 28672, 4096, None): Fp8Launch("scaled_gemv", ScaledGemvConfig(block_n=128, block_k=256, split_k=1, num_warps=4, num_stages=3)),
+    (8, 4096, 14336, "silu_mul"): Fp8Launch("scaled_gemv", ScaledGemvConfig(block_n=64, block_k=256, split_k=4, num_warps=4, num_stages=4)),
+}
 
 
 def choose(rows: int, n: int, k: int, act: str | None, device: torch.device) -> Fp8Launch:
