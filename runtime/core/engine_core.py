@@ -37,6 +37,8 @@ from pagoda.runtime.sampling_params import SamplingParams
 from pagoda.runtime.worker.compile_watch import WATCH
 from pagoda.runtime.worker.executor import build_executor
 
+FINISHED = RequestStatus.FINISHED_STOPPED  # a status at or past it has ended the request
+
 logger = logging.getLogger(__name__)
 
 CPU_KV_BUDGET_BYTES = 4 * 1024**3  # ceiling for the CPU pool when num_kv_blocks is not given
@@ -55,6 +57,11 @@ class EngineCoreRequest:
     arrival_time: float
     parent_id: str = ""
     index: int = 0  # which of the n completions this is
+    # Records only for its first token and its end (the end's record carries every token after the
+    # first). The in-process LLM frontend asks for this when it wants one final output, keeps no
+    # per-token clock and scans for no stop strings: its per-step records would only be appended
+    # to a list, a row of work per running request per step (W4: 1,024 rows a step).
+    quiet: bool = False
 
 
 def resolve_device(device: str) -> torch.device:
@@ -179,6 +186,7 @@ class EngineCore:
             index=request.index,
             grammar=grammar,
             defer_hashes=True,
+            quiet=request.quiet,
         ))
 
     def abort_requests(self, request_ids: list[str]) -> None:
@@ -234,6 +242,19 @@ class EngineCore:
             outputs += self._pooled_outputs(result.pooled)
         return outputs + self._failed_outputs()
 
+    def unreported(self, request_ids: list[str]) -> list[EngineCoreOutput]:
+        """Records of the tokens quiet requests produced since their first (to hand the frontend
+        before it aborts them: what the core produced is part of an aborted request's result)."""
+        outputs = []
+        for request_id in request_ids:
+            r = self.scheduler.requests.get(request_id)
+            if r is None or not r.quiet or len(r.output_token_ids) <= r.num_reported:
+                continue
+            new_ids, r.num_reported = r.output_token_ids[r.num_reported:], len(r.output_token_ids)
+            outputs.append(EngineCoreOutput(request_id, new_ids, None, None, None, None, max(r.num_cached_tokens, 0),
+                                            r.first_scheduled_time, r.num_preemptions))
+        return outputs
+
     def _pooled_outputs(self, pooled: dict) -> list[EngineCoreOutput]:
         """Prompts the pooling runner finished this step: done after their prefill, with the vector."""
         outputs = []
@@ -268,6 +289,9 @@ class EngineCore:
         append, reasons = outputs.append, FINISH_REASONS
         # Once per running request per step: no dict lookups unless the step has logprobs.
         for r in updated:
+            new_ids = _new_token_ids(r)
+            if new_ids is None:
+                continue
             lp = logprobs.get(r.request_id) if logprobs else None
             plp = prompt_logprobs.pop(r.request_id, None) if prompt_logprobs else None
             if plp is not None:
@@ -276,7 +300,7 @@ class EngineCore:
                 self.prompt_tokens += len(r.prompt_token_ids)
             cached = r.num_cached_tokens
             append(EngineCoreOutput(
-                r.request_id, [r.output_token_ids[-1]], None if lp is None else [lp], plp,
+                r.request_id, new_ids, None if lp is None else [lp], plp,
                 reasons[r.status], r.stop_reason, cached if cached > 0 else 0, r.first_scheduled_time,
                 r.num_preemptions,
             ))
@@ -301,10 +325,19 @@ class EngineCore:
         append = outputs.append
         for r in updated:
             out = r.output_token_ids
-            if r.index == 0 and len(out) == 1:
-                self.prompt_tokens += len(r.prompt_token_ids)
+            if len(out) == 1:
+                if r.index == 0:
+                    self.prompt_tokens += len(r.prompt_token_ids)
+                new_ids = [out[0]]
+                r.num_reported = 1
+            elif not r.quiet:
+                new_ids = [out[-1]]
+            elif r.status < FINISHED:
+                continue  # a quiet request's middle token: its end's record carries it
+            else:
+                new_ids, r.num_reported = out[r.num_reported:], len(out)
             cached = r.num_cached_tokens
-            append(new(cls, (r.request_id, [out[-1]], None, None, reasons[r.status], r.stop_reason,
+            append(new(cls, (r.request_id, new_ids, None, None, reasons[r.status], r.stop_reason,
                              cached if cached > 0 else 0, r.first_scheduled_time, r.num_preemptions, None)))
         self.generation_tokens += len(updated)
         return outputs
@@ -322,6 +355,21 @@ class EngineCore:
             prompt_tokens=self.prompt_tokens,
             generation_tokens=self.generation_tokens,
         )
+
+
+def _new_token_ids(r) -> list[int] | None:
+    """The token ids a step's record for request r carries; None: no record (a quiet request's
+    middle token). The generic _outputs path; _plain_outputs inlines the same rules."""
+    out = r.output_token_ids
+    if len(out) == 1:
+        r.num_reported = 1
+        return [out[0]]
+    if not r.quiet:
+        return [out[-1]]
+    if r.status < FINISHED:
+        return None
+    new_ids, r.num_reported = out[r.num_reported:], len(out)
+    return new_ids
 
 
 def prefix_caching(args: EngineArgs, pooling_type: str | None) -> bool:

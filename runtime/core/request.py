@@ -66,6 +66,10 @@ class Request:
     # calls _update_block_hashes), not on arrival: LLM.generate adds every request before the
     # first step, and the GPU waits for those adds.
     defer_hashes: bool = False
+    # EngineCoreRequest.quiet: records for its first token and its end only; num_reported counts
+    # the output tokens the records so far carried.
+    quiet: bool = False
+    num_reported: int = 0
     # Facts of the sampling params the scheduler reads for every row of every step, fixed at
     # arrival (the params do not change while the request runs).
     needs_history: bool = field(default=False, init=False)  # SamplingParams.needs_history

@@ -16,11 +16,11 @@ from pagoda.runtime.core.outputs import EngineCoreOutput, EngineStats
 from pagoda.runtime.engine_args import EngineArgs
 from pagoda.runtime.frontend.output_processor import output_processor_for
 from pagoda.runtime.frontend.outputs import RequestOutput
-from pagoda.runtime.frontend.processor import InputProcessor
+from pagoda.runtime.frontend.processor import InputProcessor, child_ids
 from pagoda.runtime.frontend.tokenizer import load_tokenizer
 from pagoda.runtime.model_config import generation_defaults, resolve_model_path
 from pagoda.runtime.pooling_params import PoolingParams
-from pagoda.runtime.sampling_params import SamplingParams
+from pagoda.runtime.sampling_params import RequestOutputKind, SamplingParams
 
 
 class LLMEngine:
@@ -80,13 +80,27 @@ class LLMEngine:
             self.engine_core.init_structured_outputs(self.processor.grammars.tokenizer_info_json())
             self._grammars_ready = True
         self.output_processor.add_request(request_id, prompt, prompt_token_ids, params, arrival)
+        quiet = self._quiet(params)
         for request in requests:
+            request.quiet = quiet
             self.engine_core.add_request(request)
+
+    def _quiet(self, params) -> bool:
+        """Whether the core may hold back a request's per-step records until it ends
+        (EngineCoreRequest.quiet): one output at the end, no stop string to scan for, no logprobs,
+        and no per-token clock here (no server metrics)."""
+        return (isinstance(params, SamplingParams) and params.output_kind == RequestOutputKind.FINAL_ONLY
+                and not params.stop and params.logprobs is None and params.prompt_logprobs is None
+                and self.output_processor.metrics is None)
 
     def abort_request(self, request_ids: list[str] | str) -> None:
         if isinstance(request_ids, str):
             request_ids = [request_ids]
         self._process_records()  # what the core already produced is part of the result
+        children = [c for rid in request_ids if (s := self.output_processor.states.get(rid))
+                    for c in child_ids(rid, len(s.completions))]
+        self._records = self.engine_core.unreported(children)  # quiet requests' held-back tokens
+        self._process_records()
         outputs, children = self.output_processor.abort_requests(request_ids, time.monotonic())
         self.engine_core.abort_requests(children)
         self._ready += outputs

@@ -50,13 +50,14 @@ def add_arguments(p) -> None:
                    help="this workload's result without --json-schema, from the same run: adds ratio_to_plain")
     p.add_argument("--out", default=None, help="result folder (default e2e/results)")
     # The engine's own flags, as `pagoda serve` has them, with the benchmark's defaults: random
-    # weights (BENCHMARKS.md's definition), 2k context and 256 seats (the published runs).
+    # weights (BENCHMARKS.md's definition) and 2k context. Seats default to the request count (run):
+    # W1 says every request may be admitted at once, and W4 and W5 are "as W1".
     EngineArgs.add_cli_args(p.add_argument_group("engine"), only=BENCH_KNOBS, defaults=BENCH_DEFAULTS)
 
 
 # Engine knobs a benchmark can set: all but those that only matter to a server.
 BENCH_KNOBS = cli_knobs(skip=("served_model_name", "chat_template", "disable_log_stats", "enable_log_requests"))
-BENCH_DEFAULTS = {"load_format": "dummy", "max_model_len": 2048, "max_num_seqs": 256}
+BENCH_DEFAULTS = {"load_format": "dummy", "max_model_len": 2048}
 
 
 def engine_kwargs(args, model_path) -> dict:
@@ -160,6 +161,11 @@ def run(args) -> int:
     full_count = len(requests)
     if args.num_prompts is not None:
         requests = requests[: args.num_prompts]
+    command = command_line(args)  # as entered: the seat count resolved below is recorded beside it
+    if args.max_num_seqs is None:
+        # A seat for every request (W1: 256, W4: 1,024, which is also the engine's and vLLM's
+        # default on a GPU of 70 GiB or more); the peers get the same figure.
+        args.max_num_seqs = len(requests)
     measured = RUNNERS[args.backend](args, model_path, requests)
     config = workloads.load_config(model_path)
     tok_per_s = measured["output_tokens"] / measured["elapsed_s"]
@@ -171,12 +177,13 @@ def run(args) -> int:
     record = {
         "workload": label,
         "backend": args.backend,
-        "command": command_line(args),
+        "command": command,
         "model": str(args.model or workloads.WORKLOAD_MODEL[args.workload]),
         "num_prompts": len(requests),
         "workload_num_prompts": full_count,
         "capped": len(requests) < full_count,
         "output_len": args.output_len,
+        "max_num_seqs": args.max_num_seqs,
         "quantization": getattr(args, "quantization", None),
         "kv_cache_dtype": getattr(args, "kv_cache_dtype", "auto"),
         "prompt_tokens": roof.prompt_tokens,
