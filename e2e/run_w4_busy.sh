@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Issue 16 on one H200 in one device call: W4's GPU-busy share from the profiler (the 1,024-prompt
-# run and the 256-prompt re-run), the per-step profile at 256 and 1,024 seats with a cProfile of
-# the host, then W1 twice and W2 once (the "no worse than d692bc1" figures), then optional extra
-# stages given as arguments (`fp8gemv`: e2e/run_fp8.sh's gemv stage, the FP8 small-M table).
+# Issue 16 on one H200 in one device call: W4's GPU-busy share from the profiler (all 1,024
+# prompts, two runs), the per-step profile at 1,024 and 256 seats with a cProfile of the host, then
+# the stages given as arguments, in their order: w1, w2 (the "no worse than d692bc1" figures),
+# w1old (W1 at the commit packed in .cache/ab-COMMIT.tgz, for an A/B in the same call), w2fp8
+# (W2 with --quantization fp8), fp8gemv (e2e/run_fp8.sh's gemv stage, the FP8 small-M table).
 #
-#   bash e2e/run_w4_busy.sh OUT_DIR [fp8gemv]
+#   bash e2e/run_w4_busy.sh OUT_DIR [w1|w1old|w2|w2fp8|fp8gemv]...
 #
 # After every stage OUT_DIR/all.tgz is re-packed, so a call cut off by its time limit still
 # brings back what finished (a device call returns at most 8 files).
@@ -20,22 +21,36 @@ mkdir -p "$RES"
 # shellcheck disable=SC1091
 source e2e/gpu_env.sh
 pack() { tar -C "$OUT" -czf "$OUT/all.tgz.tmp" res && mv "$OUT/all.tgz.tmp" "$OUT/all.tgz"; }
-stage() {  # NAME CMD...: run, log, re-pack
-    local name=$1; shift
+n=0
+stage() {  # NAME CMD...: run, log (numbered: a stage may run twice), re-pack
+    local name=$1 log; shift
+    n=$((n + 1)); log="$RES/$(printf %02d $n)-$name.log"
     echo "=== $name ($(date -u +%H:%M:%S))"
-    "$@" > "$RES/$name.log" 2>&1 || echo "stage $name failed: rc=$?" | tee -a "$RES/$name.log"
-    tail -n 5 "$RES/$name.log"
+    "$@" > "$log" 2>&1 || echo "stage $name failed: rc=$?" | tee -a "$log"
+    tail -n 3 "$log"
     pack
 }
+w1_at_old() {  # OUT: W1 at an older commit packed as .cache/ab-COMMIT.tgz (git archive of runtime,
+    # kernels, operator), in its own import root: an A/B of W1 inside one call
+    local tgz
+    tgz=$(ls .cache/ab-*.tgz | head -n 1)
+    mkdir -p /tmp/old /tmp/old-src/pagoda "$1" && tar xzf "$tgz" -C /tmp/old
+    for part in runtime kernels operator; do ln -sfn "/tmp/old/$part" "/tmp/old-src/pagoda/$part"; done
+    PYTHONPATH=/tmp/old-src:/tmp/site timeout 150 "$PY" -m pagoda.runtime.cli bench throughput --workload W1 \
+        --backend pagoda --out "$1"
+}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$RES/gpu.txt" 2>&1
-stage w4-busy1024 timeout 150 "${PAGODA[@]}" bench throughput --workload W4 --backend pagoda --gpu-busy 1024 --out "$RES"
-stage w4-busy256 timeout 120 "${PAGODA[@]}" bench throughput --workload W4 --backend pagoda --gpu-busy 256 --out "$RES"
-stage profile timeout 240 "$PY" e2e/profile_w4.py --out "$RES" --seats 256 1024 --cprofile 256
-stage w1a timeout 150 "${PAGODA[@]}" bench throughput --workload W1 --backend pagoda --out "$RES"
-stage w1b timeout 150 "${PAGODA[@]}" bench throughput --workload W1 --backend pagoda --out "$RES"
-stage w2 timeout 120 "${PAGODA[@]}" bench latency --backend pagoda --model w1 --out "$RES"
+# W4 with the bench's default seats (one per request: 1,024), in two fresh processes.
+stage w4-busy-a timeout 150 "${PAGODA[@]}" bench throughput --workload W4 --backend pagoda --gpu-busy 1024 --out "$RES"
+stage w4-busy-b timeout 150 "${PAGODA[@]}" bench throughput --workload W4 --backend pagoda --gpu-busy 1024 --out "$RES"
+stage profile timeout 240 "$PY" e2e/profile_w4.py --out "$RES" --seats 1024 256 --cprofile 1024
 for extra in "$@"; do
     case $extra in
+        w1) stage w1 timeout 150 "${PAGODA[@]}" bench throughput --workload W1 --backend pagoda --out "$RES" ;;
+        w1old) stage w1old w1_at_old "$RES/old" ;;
+        w2) stage w2 timeout 120 "${PAGODA[@]}" bench latency --backend pagoda --model w1 --out "$RES" ;;
+        w2fp8) stage w2fp8 timeout 150 "${PAGODA[@]}" bench latency --backend pagoda --model w1 --quantization fp8 \
+                   --out "$RES/fp8" ;;
         fp8gemv) stage fp8gemv bash e2e/run_fp8.sh "$RES/fp8" gemv ;;
         *) echo "unknown stage $extra" >&2 ;;
     esac
