@@ -41,6 +41,8 @@ def main() -> int:
     p.add_argument("--kernels", type=int, default=0, metavar="N",
                    help="a torch.profiler kernel table of N prompts with 64 output tokens (first setting)")
     p.add_argument("--cprofile", type=int, default=0, metavar="N", help="cProfile a run of N prompts")
+    p.add_argument("--stages", type=int, default=0, metavar="N",
+                   help="a run of N prompts (first setting) with wall-clock timers around the step's parts")
     args = p.parse_args()
     model = workloads.resolve_model("w4")
     greedy = SamplingParams(temperature=0, max_tokens=workloads.W1_OUTPUT_LEN, ignore_eos=True)
@@ -70,6 +72,12 @@ def main() -> int:
             result["kernels"] = kernel_table(generate_fn(llm, fresh, short), top=30)
             for r in result["kernels"]:
                 print(f"  {r['gpu_ms']:9.2f} ms {r['share']:6.1%} x{r['count']:<6} {r['name']}", flush=True)
+        if args.stages and seats == args.seats[0]:
+            fresh = [r.prompt_token_ids for r in workloads.offline_requests(args.stages, 256, 97)]
+            result["stages"] = stage_table(llm, fresh, greedy)
+            for name, row in result["stages"].items():
+                print(f"  {name:40s} {row['calls']:6d} calls {row['ms_per_call']:8.3f} ms/call {row['total_s']:7.3f} s",
+                      flush=True)
         if args.cprofile and seats == args.seats[0]:
             prof = cProfile.Profile()
             fresh = [r.prompt_token_ids for r in workloads.offline_requests(args.cprofile, 256, 99)]
@@ -93,6 +101,65 @@ def main() -> int:
     path.write_text(json.dumps(result, indent=1))
     print("wrote", path)
     return 0
+
+
+# Beyond host_path_bench's STAGES: the parts of a step that are not scheduled ahead (a mixed step:
+# the GPU waits for them) and the launch, whose host time for an eager step is kernel launches.
+EXTRA_STAGES = [
+    ("scheduler", "pagoda.runtime.core.scheduler", "Scheduler", "_schedule_waiting"),
+    ("runner", "pagoda.runtime.worker.input_batch", "BatchBuilder", "_mixed_rows"),
+    ("runner", "pagoda.runtime.worker.input_batch", "BatchBuilder", "_decode_rows"),
+    ("runner", "pagoda.runtime.worker.model_runner", "ModelRunner", "launch"),
+    ("core", "pagoda.runtime.core.engine_core", "EngineCore", "step"),
+    ("frontend", "pagoda.runtime.frontend.llm_engine", "LLMEngine", "_process_records"),
+]
+
+
+def stage_table(llm, prompts, params) -> dict:
+    """Wall-clock seconds in each stage over one generate (nested stages are inside their callers;
+    PendingStep.wait is the host waiting for the GPU)."""
+    import functools
+    import importlib
+
+    import host_path_bench
+
+    # StepRecorder's per-instance hooks would call the unwrapped methods: lift them meanwhile.
+    engine = llm.llm_engine
+    runner = engine.executor.runner if hasattr(engine, "executor") else engine.runner
+    hooks = [(obj, name, obj.__dict__.pop(name)) for obj, name in ((engine, "step"), (runner, "launch"))
+             if name in obj.__dict__]
+    totals, saved = {}, []
+    for _, module, cls_name, name in host_path_bench.STAGES + EXTRA_STAGES:
+        cls = getattr(importlib.import_module(module), cls_name)
+        orig = cls.__dict__[name]
+        acc = totals.setdefault(f"{cls_name}.{name}", [0.0, 0])
+
+        def timed(*a, _orig=orig, _acc=acc, **kw):
+            t0 = time.perf_counter()
+            try:
+                return _orig(*a, **kw)
+            finally:
+                _acc[0] += time.perf_counter() - t0
+                _acc[1] += 1
+
+        functools.update_wrapper(timed, orig)
+        setattr(cls, name, timed)
+        saved.append((cls, name, orig))
+    try:
+        t0 = time.perf_counter()
+        llm.generate([{"prompt_token_ids": q} for q in prompts], params, use_tqdm=False)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    finally:
+        for cls, name, orig in saved:
+            setattr(cls, name, orig)
+        for obj, name, hook in hooks:
+            setattr(obj, name, hook)
+    table = {k: {"calls": n, "total_s": round(t, 4), "ms_per_call": round(t * 1e3 / max(n, 1), 4)}
+             for k, (t, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])}
+    table["generate (wall)"] = {"calls": 1, "total_s": round(wall, 4), "ms_per_call": round(wall * 1e3, 3)}
+    return table
 
 
 if __name__ == "__main__":

@@ -79,7 +79,8 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         now = time.monotonic()
 
-        i = 0
+        i = self._schedule_decodes(out, budget)
+        budget -= i
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget, self.chunk_cap)
@@ -100,6 +101,22 @@ class Scheduler:
         if not out.preempted:
             self._schedule_waiting(out, budget, now)
         return out
+
+    def _schedule_decodes(self, out: SchedulerOutput, budget: int) -> int:
+        """The running requests that lead the list with one token to compute (decodes), scheduled
+        together when the pool has a slot for each: one allocate_decode_slots pass instead of an
+        allocate_slots call per request (W4 admits prompts beside 1,024 decodes; those steps are
+        not scheduled ahead, so the GPU waits for this loop). Returns how many; 0 leaves them all
+        to the request-by-request loop, which preempts when the pool is short."""
+        running, n = self.running, 0
+        for r in running[: min(len(running), budget)]:
+            if len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens != 1:
+                break
+            n += 1
+        if n < 2 or not self.kv.allocate_decode_slots(running[:n], 1):
+            return 0
+        out.scheduled += [ScheduledRequest(r, 1) for r in running[:n]]
+        return n
 
     def schedule_ahead(self, current: SchedulerOutput) -> SchedulerOutput | None:
         """The next step, scheduled while `current` is still running on the GPU (vLLM's async

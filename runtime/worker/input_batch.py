@@ -126,6 +126,12 @@ class StepBatch:
     pad_seqs: int = 0  # >0: a decode step padded to this CUDA-graph bucket
 
 
+def _token_at(r: Request, index: int) -> int:
+    """Token `index` of the request's prompt + output."""
+    num_prompt = len(r.prompt_token_ids)
+    return r.prompt_token_ids[index] if index < num_prompt else r.output_token_ids[index - num_prompt]
+
+
 def batch_order(scheduled: list) -> tuple[list, list]:
     """The scheduled requests in row order, and the one-token ones among them. One-token rows come
     first, so attention can send them to the decode kernel as one slice."""
@@ -244,26 +250,29 @@ class BatchBuilder:
         slots = st[layout.slots : layout.slots + padded_tokens]
         qsl = st[layout.qsl : layout.qsl + padded + 1]
 
-        row0 = 0
+        # The one-token rows lead (batch_order): row i is scheduled[i]; written as whole columns
+        # (W4 admits prompts beside up to 1,024 of them, and the GPU waits for this step).
+        nd = len(decodes)
+        if nd:
+            starts = [s.request.num_computed_tokens + ahead for s in scheduled[:nd]]
+            if ahead:
+                ids[:nd] = 0  # placeholders for the in-flight tokens
+            else:
+                ids[:nd] = [_token_at(s.request, start) for s, start in zip(scheduled[:nd], starts)]
+            p = np.array(starts, dtype=np.int64)
+            pos[:nd] = p
+            slots[:nd] = table[self._rows[:nd], p // bs].astype(np.int64) * bs + p % bs
+            qsl[: nd + 1] = self._rows[: nd + 1]
+        row0 = nd
         qsl[0] = 0
-        for i, item in enumerate(scheduled):
+        for i in range(nd, num_seqs):
+            item = scheduled[i]
             r, n = item.request, item.num_tokens
             start = r.num_computed_tokens + ahead
-            if n == 1:  # decode: scalar work beats numpy's per-call overhead
-                num_prompt = r.num_prompt_tokens
-                if ahead:
-                    ids[row0] = 0  # placeholder for the in-flight token
-                elif start < num_prompt:
-                    ids[row0] = r.prompt_token_ids[start]
-                else:
-                    ids[row0] = r.output_token_ids[start - num_prompt]
-                pos[row0] = start
-                slots[row0] = table[i, start // bs] * bs + start % bs
-            else:
-                p = np.arange(start, start + n)
-                ids[row0 : row0 + n] = r.token_ids_slice(start, start + n)
-                pos[row0 : row0 + n] = p
-                slots[row0 : row0 + n] = table[i, p // bs].astype(np.int64) * bs + p % bs
+            p = np.arange(start, start + n)
+            ids[row0 : row0 + n] = r.token_ids_slice(start, start + n)
+            pos[row0 : row0 + n] = p
+            slots[row0 : row0 + n] = table[i, p // bs].astype(np.int64) * bs + p % bs
             row0 += n
             qsl[i + 1] = row0
         st[layout.seq_lens : layout.seq_lens + num_seqs] = seq_lens
