@@ -97,12 +97,14 @@ def fp8_linear_shape(config: dict) -> tuple[int, int]:
     return params, rows
 
 
-def count_weight_bytes(config: dict, dtype_bytes: int, fp8: bool = False) -> int:
+def count_weight_bytes(config: dict, dtype_bytes: int, fp8: bool = False,
+                       fp8_shape: tuple[int, int] | None = None) -> int:
     """Bytes of the weights; with fp8, the projections and MoE experts at one byte each plus a
-    float32 scale per output row."""
+    float32 scale per output row. fp8_shape: (parameters, rows) of the FP8 weights when known from
+    the checkpoint's scheme (quantization/plan_count.py); else every projection counts."""
     total = count_parameters(config) * dtype_bytes
     if fp8:
-        params, rows = fp8_linear_shape(config)
+        params, rows = fp8_shape or fp8_linear_shape(config)
         total += params * (1 - dtype_bytes) + rows * 4
     return total
 

@@ -42,21 +42,26 @@ def config_dir(model: str) -> Path:
 def make_plan(model: str, gpu_memory_gib: float, gpu_memory_utilization: float = 0.9,
               max_model_len: int | None = None, dtype: str = "auto", block_size: int = 16,
               activation_gib: float = 0.0, quantization: str | None = None, kv_cache_dtype: str = "auto") -> dict:
-    from pagoda.runtime.memory import count_parameters, plan_memory
+    from pagoda.runtime.memory import count_parameters, count_weight_bytes, plan_memory
     from pagoda.runtime.model_config import DTYPE_BYTES, ModelConfig
     from pagoda.runtime.models.registry import check_supported
     from pagoda.runtime.models.text_only import is_text_only
-    from pagoda.runtime.quantization.scheme import is_fp8_checkpoint
+    from pagoda.runtime.quantization.plan_count import fp8_weight_shape
+    from pagoda.runtime.quantization.scheme import resolve_scheme
 
     mc = ModelConfig.from_path(config_dir(model), dtype=dtype, max_model_len=max_model_len)
     check_supported(mc.architecture)
     hf_config, resolved_dtype, max_len = mc.hf_config, mc.dtype, mc.max_model_len
     dtype_bytes = DTYPE_BYTES[resolved_dtype]
-    # FP8 weights on the fly or from the checkpoint; an FP8 cache holds one byte per element
-    fp8_weights = quantization == "fp8" or is_fp8_checkpoint(hf_config)
+    # FP8 weights on the fly or from the checkpoint (an unsupported scheme fails here, as at load),
+    # counted layer by layer as the loader applies the scheme; an FP8 cache holds a byte per element
+    scheme = resolve_scheme(hf_config, quantization)
+    fp8_weights = scheme is not None
+    weight_bytes = count_weight_bytes(hf_config, dtype_bytes, fp8_weights,
+                                      fp8_weight_shape(mc, scheme) if fp8_weights else None)
     plan = plan_memory(hf_config, dtype_bytes, int(gpu_memory_gib * GIB), gpu_memory_utilization, max_len,
-                       block_size=block_size, activation_bytes=int(activation_gib * GIB),
-                       kv_dtype_bytes=1 if kv_cache_dtype != "auto" else dtype_bytes, fp8_weights=fp8_weights)
+                       block_size=block_size, activation_bytes=int(activation_gib * GIB), weight_bytes=weight_bytes,
+                       kv_dtype_bytes=1 if kv_cache_dtype != "auto" else dtype_bytes)
     result = plan.to_dict()
     result.update(
         model=str(model),

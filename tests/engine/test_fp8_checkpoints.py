@@ -216,6 +216,27 @@ def test_plan_counts_fp8_bytes_as_the_checkpoint_holds_them(checkpoints, tiny_mo
     assert make_plan(tiny_models["llama"], 1.0, quantization="fp8")["weight_bytes"] == stored
 
 
+@NEEDS_CT
+def test_plan_counts_a_layer_the_checkpoint_leaves_unquantized_as_stored(tiny_models, tmp_path):
+    """The scheme's ignore list, as the loader reads it: a projection the checkpoint keeps in its
+    own dtype counts at that dtype (a count that took every projection as FP8 would be short)."""
+    from safetensors import safe_open
+
+    from pagoda.runtime.memory import count_weight_bytes
+    from pagoda.runtime.plan import make_plan
+
+    kept = "model.layers.1.mlp.down_proj"
+    dst = write_fp8_checkpoint(Path(tiny_models["llama"]), tmp_path / "fp8", "compressed-tensors",
+                               ignore=("lm_head", kept), keep=(kept,))
+    with safe_open(dst / "model.safetensors", framework="pt") as f:
+        stored = sum(f.get_tensor(k).nbytes for k in f.keys())
+        kept_bytes = f.get_tensor(f"{kept}.weight").nbytes
+    plan = make_plan(str(dst), 1.0)
+    assert plan["weight_bytes"] == stored
+    every_projection_fp8 = count_weight_bytes(ModelConfig.from_path(dst).hf_config, 4, fp8=True)
+    assert stored > every_projection_fp8 and kept_bytes > stored - every_projection_fp8
+
+
 def test_pagoda_plan_cli_takes_the_fp8_flags(tiny_models, capsys):
     from pagoda.runtime.cli import main
 
