@@ -25,6 +25,7 @@ Imports no torch, and nothing of the operator: the URI spelling lives in the run
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import shutil
@@ -37,6 +38,17 @@ from pagoda.runtime.model_uri import ModelURI
 MARKER = ".pagoda-download.json"
 # What the runtime reads: config, safetensors shards and index, tokenizer files, chat templates.
 ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
+# Mistral's repositories hold the weights twice: Hugging Face shards (model-*.safetensors, which the
+# runtime reads) and Mistral's own consolidated*.safetensors. The second copy is skipped, as vLLM
+# skips it, when the first is there.
+MISTRAL_FORMAT = "consolidated*.safetensors"
+
+
+def second_copy(filenames: list[str]) -> list[str]:
+    """ignore_patterns for a repository's files: Mistral's consolidated weights beside HF shards."""
+    hf = any(fnmatch.fnmatch(n, "model*.safetensors") for n in filenames)
+    mistral = any(fnmatch.fnmatch(n, MISTRAL_FORMAT) for n in filenames)
+    return [MISTRAL_FORMAT] if hf and mistral else []
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,6 +95,9 @@ def download(uri: str, folder: str | os.PathLike, *, force: bool = False, max_wo
         planned = snapshot_download(**fetch, dry_run=True)
     except DryRunError as exc:  # it says only "cannot be accessed": the cause it wraps says why
         raise (exc.__cause__ or exc) from None
+    if skip := second_copy([f.filename for f in planned]):
+        fetch["ignore_patterns"] = skip
+        planned = [f for f in planned if not any(fnmatch.fnmatch(f.filename, s) for s in skip)]
     check_free_space(uri, folder, planned)
     snapshot_download(**fetch)
     files = sorted(

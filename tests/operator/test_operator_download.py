@@ -62,6 +62,28 @@ def test_hf_download_fills_the_folder_once(hub, tmp_path):
     assert len(server.requests) == before
 
 
+def test_mistral_consolidated_weights_beside_hf_shards_are_not_fetched(tmp_path):
+    """A Mistral repository holds the weights twice; the runtime reads the HF shards only."""
+    source = tmp_path / "repo"
+    build_tiny_model(source, "mistral")
+    (source / "consolidated.safetensors").write_bytes(b"mistral's own copy of the weights")
+    (source / "params.json").write_text("{}")
+    server = serve(source, "org/mistral")
+    try:
+        env = {"HF_ENDPOINT": f"http://127.0.0.1:{server.server_port}", "HF_HUB_CACHE": str(tmp_path / "cache"),
+               "HF_HUB_DISABLE_TELEMETRY": "1"}
+        target = tmp_path / "out"
+        result = pagoda("download", "hf://org/mistral@main", str(target), env=env)
+        assert result.returncode == 0, result.stderr
+        got = {p.name for p in target.iterdir() if p.name not in (MARKER, ".cache")}
+        assert got == {p.name for p in source.iterdir()} - {"consolidated.safetensors"}
+        assert any(name.startswith("model") and name.endswith(".safetensors") for name in got)
+        # the dry run may ask about it (HEAD); its bytes are never fetched
+        assert not any(method == "GET" and "consolidated" in path for method, path, *_ in server.requests)
+    finally:
+        server.shutdown()
+
+
 def test_pvc_uri_is_used_in_place(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     ok = pagoda("download", "pvc://weights/llama", str(tmp_path))
