@@ -20,7 +20,9 @@ def kube(tmp_path_factory) -> Kube:
 
 @pytest.fixture(scope="session")
 def chart(kube: Kube) -> dict:
-    return install_chart(kube, {"runtimeImage": "registry.local/pagoda-runtime:test"})
+    release = install_chart(kube, {"runtimeImage": "registry.local/pagoda-runtime:test"})
+    kube.collect_garbage_of_new_kinds()  # the ModelServer CRD
+    return release
 
 
 @pytest.fixture(scope="session")

@@ -293,6 +293,7 @@ def test_hpa_and_keda_objects_on_the_real_api_server(kube, operator):
 
     kube.kubectl("apply", "-f", str(KEDA_CRD))
     kube.kubectl("wait", "--for=condition=Established", "crd/scaledobjects.keda.sh", "--timeout=60s")
+    kube.collect_garbage_of_new_kinds()  # so that the ScaledObject goes with its ModelServer below
     keda = {**scaling, "mode": "keda", "minReplicas": 0}
     kube.apply(modelserver("by-keda", ns, replicas=0, scaling=keda))
     scaled = wait_for(lambda: kube.get("scaledobject", "by-keda", ns), "the ScaledObject")
