@@ -36,17 +36,11 @@ from serve_process import free_port
 
 from pagoda.operator.autoscaler.manifests import build_scaled_object
 from pagoda.operator.spec import ModelServer
-from pagoda.runtime.tools.tiny_models import build_tiny_model
 
 MODEL = "tiny"
 SERVERS = "app.kubernetes.io/component=server,pagoda.dev/modelserver={}"
 DELAY = 4  # scaleDownDelaySeconds
 PUBLIC_URL = "http://pagoda-router.pagoda-system.svc:8080"  # what the chart passes
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny", "llama")
 
 
 def modelserver(name: str, ns: str, node: str | None = None, **spec) -> dict:
