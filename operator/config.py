@@ -36,6 +36,9 @@ class OperatorConfig:
     router_metrics_url: str | None = None
     # Prometheus for KEDA's ScaledObjects.
     prometheus_address: str = DEFAULT_PROMETHEUS_ADDRESS
+    # With --peering: a replica that stops renewing its keep-alive (every 5 to 10 s at this
+    # lifetime) is given up for dead after this long and a standby takes over (kopf's default: 60).
+    peering_lifetime_seconds: float = 15.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -63,6 +66,7 @@ ENV = {
     "scrape_timeout_seconds": "PAGODA_AUTOSCALER_SCRAPE_TIMEOUT_SECONDS",
     "router_metrics_url": "PAGODA_ROUTER_METRICS_URL",
     "prometheus_address": "PAGODA_PROMETHEUS_ADDRESS",
+    "peering_lifetime_seconds": "PAGODA_PEERING_LIFETIME_SECONDS",
 }
 
 _installed: OperatorConfig | None = None

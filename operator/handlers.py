@@ -33,6 +33,8 @@ AUTOSCALER_TIMER = "pagoda.operator.autoscaler.timer"
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    if getattr(memo, "config", None) is None:
+        memo.config = current_config()
     settings.persistence.finalizer = f"{s.GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=s.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -44,10 +46,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.background.instant_exit_timeout = 0.5
     settings.background.cancellation_polling = 1
     # With --peering: a replica that dies without leaving is given up for dead after this long and a
-    # standby takes over (keep-alives go every 5 to 10 s; kopf's default is a minute).
-    settings.peering.lifetime = 15
-    if getattr(memo, "config", None) is None:
-        memo.config = current_config()
+    # standby takes over (OperatorConfig.peering_lifetime_seconds; kopf's default is a minute).
+    settings.peering.lifetime = memo.config.peering_lifetime_seconds
     if getattr(memo, "cluster", None) is None:
         memo.cluster = Cluster.from_environment(timeout=memo.config.api_timeout_seconds)
 

@@ -15,12 +15,16 @@ reads its period from the object: it sleeps the ModelServer's own spec.scaling.s
 (read afresh from kopf's live body each time), keeps the policy's memory in a local variable (lost
 on restart: the scale-down delay then counts afresh, which errs on the side of keeping replicas),
 and kopf stops it when the ModelServer goes.
+
+The policy's clock is time.monotonic unless the memo carries another (`memo.clock`, a callable
+returning seconds): a test then holds and moves time itself instead of sleeping through the delays.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -47,6 +51,11 @@ DELEGATED = {
 
 def _iso_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def policy_clock(memo: kopf.Memo) -> Callable[[], float]:
+    """The clock the policy's windows and delays are measured on (see the module docstring)."""
+    return getattr(memo, "clock", None) or time.monotonic
 
 
 def write_replicas(cluster: Cluster, ms: s.ModelServer, replicas: int) -> None:
@@ -100,7 +109,7 @@ async def autoscale(body: kopf.Body, memo: kopf.Memo, logger: Any, state: Scalin
     except ValueError:
         return state  # a spec the models reject: the reconcile reports it (InvalidSpec), once
     params = ScalingParams.from_model(ms)
-    clock = time.monotonic()
+    clock = policy_clock(memo)()
 
     cluster: Cluster = memo.cluster
     current = dict(body.get("status") or {})

@@ -50,6 +50,16 @@ class Kube:
     def server(self) -> str:
         return yaml.safe_load(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
 
+    def restart(self, component: str) -> None:
+        """Stop one component of the control plane and start it again as up.sh did (restart.sh)."""
+        subprocess.run([str(KUBE / "restart.sh"), str(self.dir), component], check=True, timeout=60)
+
+    def collect_garbage_of_new_kinds(self) -> None:
+        """After installing CRDs: the garbage collector learns resource kinds only every 30 s (a
+        constant in Kubernetes), and until then a ModelServer's children outlive it; a restarted
+        controller-manager learns them at once."""
+        self.restart("kube-controller-manager")
+
     def kubectl(self, *args: str, input: str | None = None, check: bool = True,
                 kubeconfig: Path | None = None) -> subprocess.CompletedProcess:
         cmd = [str(self.bin / "kubectl"), "--kubeconfig", str(kubeconfig or self.kubeconfig), *args]

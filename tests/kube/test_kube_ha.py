@@ -27,9 +27,13 @@ def test_a_standby_replica_takes_over_when_the_leader_dies(kube, operator, tmp_p
     operator.stop()  # the session's operator runs standalone: out of the way while the pair runs
     kubeconfig = service_account_kubeconfig(kube)
     # Explicit priorities, so that the test knows which one leads (the chart's default: the
-    # earliest started).
-    leader = Operator(kubeconfig=kubeconfig, log=tmp_path / "leader.log", args=("--peering", PEERING, "--priority", "2"))
-    standby = Operator(kubeconfig=kubeconfig, log=tmp_path / "standby.log", args=("--peering", PEERING, "--priority", "1"))
+    # earliest started). A keep-alive lapses after 6 s here, not the default 15: the takeover
+    # below waits that out (kopf then renews it every second, 5 s of slack for a loaded machine).
+    env = {"PAGODA_PEERING_LIFETIME_SECONDS": "6"}
+    leader = Operator(kubeconfig=kubeconfig, log=tmp_path / "leader.log", env=env,
+                      args=("--peering", PEERING, "--priority", "2"))  # fmt: skip
+    standby = Operator(kubeconfig=kubeconfig, log=tmp_path / "standby.log", env=env,
+                       args=("--peering", PEERING, "--priority", "1"))  # fmt: skip
     try:
         # kopf starts each replica paused and lets it work once the peering object shows nobody
         # above it. The leader is up first (as a running operator is when a replica is added): a

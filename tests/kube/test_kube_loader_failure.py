@@ -18,8 +18,6 @@ from kube_cluster import ROOT, wait_for
 from loader_kubelet import fail_loader
 from pod_servers import NODE_LABEL
 
-from pagoda.runtime.tools.tiny_models import build_tiny_model
-
 TERMINATION_LOG = "/dev/termination-log"
 
 
@@ -38,11 +36,10 @@ def run_download_here(pod: dict, hub_url: str, root) -> tuple[int, str]:
     return done.returncode, log.read_text()
 
 
-def test_a_download_the_cache_cannot_hold_fails_the_modelserver_naming_the_cause(kube, operator, tmp_path):
+def test_a_download_the_cache_cannot_hold_fails_the_modelserver_naming_the_cause(kube, operator, tiny_model, tmp_path):
     ns = kube.namespace("loadfail")
-    source = build_tiny_model(tmp_path / "repo", "llama")
-    shard = next(p.name for p in source.iterdir() if p.suffix == ".safetensors")
-    hub = serve(source, "org/huge", sizes={shard: shutil.disk_usage(tmp_path).free + 2**30})
+    shard = next(p.name for p in tiny_model.iterdir() if p.suffix == ".safetensors")
+    hub = serve(tiny_model, "org/huge", sizes={shard: shutil.disk_usage(tmp_path).free + 2**30})
     try:
         kube.apply({"apiVersion": "pagoda.dev/v1alpha1", "kind": "ModelServer",
                     "metadata": {"name": "huge", "namespace": ns},

@@ -36,17 +36,11 @@ from serve_process import free_port
 
 from pagoda.operator.autoscaler.manifests import build_scaled_object
 from pagoda.operator.spec import ModelServer
-from pagoda.runtime.tools.tiny_models import build_tiny_model
 
 MODEL = "tiny"
 SERVERS = "app.kubernetes.io/component=server,pagoda.dev/modelserver={}"
 DELAY = 4  # scaleDownDelaySeconds
 PUBLIC_URL = "http://pagoda-router.pagoda-system.svc:8080"  # what the chart passes
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny", "llama")
 
 
 def modelserver(name: str, ns: str, node: str | None = None, **spec) -> dict:
@@ -293,6 +287,7 @@ def test_hpa_and_keda_objects_on_the_real_api_server(kube, operator):
 
     kube.kubectl("apply", "-f", str(KEDA_CRD))
     kube.kubectl("wait", "--for=condition=Established", "crd/scaledobjects.keda.sh", "--timeout=60s")
+    kube.collect_garbage_of_new_kinds()  # so that the ScaledObject goes with its ModelServer below
     keda = {**scaling, "mode": "keda", "minReplicas": 0}
     kube.apply(modelserver("by-keda", ns, replicas=0, scaling=keda))
     scaled = wait_for(lambda: kube.get("scaledobject", "by-keda", ns), "the ScaledObject")

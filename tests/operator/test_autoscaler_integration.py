@@ -148,6 +148,34 @@ class LoadGenerator:
                 await asyncio.gather(*self._tasks)  # in-flight requests finish; surfaces failures
 
 
+class TestClock:
+    """The autoscaler's clock (memo.clock): real monotonic time until held, then only what the
+    test moves it by. Each scrape-and-decide tick reads it once, so its reads count the ticks."""
+
+    __test__ = False  # not a test class
+
+    def __init__(self):
+        self.reads = 0
+        self._held: float | None = None
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return time.monotonic() if self._held is None else self._held
+
+    def hold(self) -> None:
+        self._held = time.monotonic()
+
+    def advance(self, seconds: float) -> None:
+        assert self._held is not None, "hold the clock first"
+        self._held += seconds
+
+    async def ticks(self, count: int) -> None:
+        """Until `count` more ticks have begun, so all but the last have also finished (one daemon
+        per ModelServer runs its ticks one after another): their decisions are written."""
+        target = self.reads + count
+        await eventually(lambda: self.reads >= target, timeout=30)
+
+
 def pod_object(ms: ModelServer, index: int, replica: Replica) -> dict:
     """What the ReplicaSet and the kubelet would make: labelled by the selector, Ready, with a pod IP."""
     return {
@@ -190,7 +218,7 @@ async def deployment_controller(
 
 
 @contextlib.asynccontextmanager
-async def autoscaler(cluster: Cluster):
+async def autoscaler(cluster: Cluster, clock: TestClock):
     """kopf with only the autoscaler's daemon registered, on its own loop in
     a thread, as in production: kopf owns its loop and cancels what it finds there on stop."""
     registry = kopf.OperatorRegistry()
@@ -204,7 +232,7 @@ async def autoscaler(cluster: Cluster):
     register(registry)
     stop, ready = threading.Event(), threading.Event()
     operator = kopf.operator(
-        registry=registry, standalone=True, namespaces=[NS], memo=kopf.Memo(cluster=cluster),
+        registry=registry, standalone=True, namespaces=[NS], memo=kopf.Memo(cluster=cluster, clock=clock),
         stop_flag=stop, ready_flag=ready,
     )  # fmt: skip
     thread = threading.Thread(target=asyncio.run, args=(operator,), name="kopf-autoscaler", daemon=True)
@@ -297,7 +325,8 @@ async def test_replicas_follow_the_queue(apiserver, replicas):
         return await asyncio.to_thread(check)
 
     load = LoadGenerator(workers=6)
-    async with autoscaler(Cluster.from_environment()):
+    clock = TestClock()
+    async with autoscaler(Cluster.from_environment(), clock):
         controller = asyncio.create_task(deployment_controller(cluster, ms, replicas, load))
         try:
             # Idle at one replica: measured, within target.
@@ -329,31 +358,51 @@ async def test_replicas_follow_the_queue(apiserver, replicas):
                 assert load.completed > 0
             assert replicas_history(apiserver) == [1, 3]
 
-            # Load stopped. One replica stops answering (SIGSTOP: it accepts nothing, answers nothing).
+            # Load stopped: from here the autoscaler's clock stands still unless the test moves it, so
+            # every delay below is passed by moving the clock, none by sleeping, and no step can come
+            # early or late on a loaded machine. The queue empties at the held time.
+            clock.hold()
+            # One replica stops answering (SIGSTOP: it accepts nothing, answers nothing).
             silent = replicas[2]
             silent.process.send_signal(signal.SIGSTOP)
             try:
                 await eventually(lambda: status()["autoscaling"]["unknownReplicas"] == 1, timeout=10)
                 assert (await now(scaling_condition))["reason"] == "ReplicasUnknown"
-                await asyncio.sleep(2 * DELAY + 2)  # well past the delay: the queue is empty elsewhere
+                clock.advance(2 * DELAY + 2)  # well past the delay: the queue is empty elsewhere
+                await clock.ticks(2)
                 assert await now(deployment_replicas) == 3, "a silent replica must not cause a scale-down"
                 assert replicas_history(apiserver) == [1, 3]
             finally:
                 silent.process.send_signal(signal.SIGCONT)
 
-            # All answer, queue empty: down one step per delay, to minReplicas.
-            resumed = time.monotonic()
-            await eventually(lambda: deployment_replicas() == 2, timeout=DELAY + 10)
-            # The calm is counted afresh from when all answered, not from when the queue emptied (which
-            # would step down within a scrape of resuming). The tick that first sees every replica may
-            # have started its scrape up to one scrape timeout (1 s here) before SIGCONT, and the calm
-            # is stamped with that tick's time.
-            scrape_timeout = min(SCALING["scrapeIntervalSeconds"], OperatorConfig().scrape_timeout_seconds)
-            assert time.monotonic() - resumed >= DELAY - scrape_timeout - 0.25
-            await eventually(lambda: deployment_replicas() == 1, timeout=DELAY + 10)
+            # All answer, queue empty: down one step per delay, to minReplicas. The calm is counted
+            # afresh from when all answered, not from when the queue emptied (2 * DELAY + 2 ago on
+            # this clock, which would step down at the first tick that sees every replica).
+            async def calm_for(seconds: float, replicas: int) -> None:
+                await eventually(lambda: (a := status()["autoscaling"])["unknownReplicas"] == 0
+                                 and a["currentReplicas"] == replicas, timeout=DELAY + 10)  # fmt: skip
+                await clock.ticks(2)
+                assert await now(deployment_replicas) == replicas
+                if seconds:
+                    clock.advance(seconds)
+                    await clock.ticks(2)
+                    assert await now(deployment_replicas) == replicas, f"down before {DELAY}s of calm"
+                st = await now(status)
+                assert (st["autoscaling"]["reason"], st["autoscaling"]["calmSeconds"]) == ("ScaleDownDelayed", seconds)
+
+            await calm_for(0, replicas=3)
+            await calm_for(DELAY - 0.5, replicas=3)
+            clock.advance(0.5)
+            await eventually(lambda: deployment_replicas() == 2, timeout=10)
+            # The streak starts again at two replicas: another full delay.
+            await calm_for(DELAY - 0.5, replicas=2)
+            clock.advance(0.5)
+            await eventually(lambda: deployment_replicas() == 1, timeout=10)
             assert replicas_history(apiserver) == [1, 3, 2, 1]
             assert scale_writes(apiserver)[1:] == [("modelservers", 2), ("modelservers", 1)]
-            await asyncio.sleep(DELAY + 1)
+            await eventually(lambda: status()["autoscaling"]["currentReplicas"] == 1, timeout=10)
+            clock.advance(DELAY + 1)
+            await clock.ticks(2)
             assert await now(deployment_replicas) == 1  # never below minReplicas
             await eventually(lambda: len(events(apiserver, "ScaledDown")) == 2)
             assert len(events(apiserver, "ScaledUp")) == 1

@@ -18,6 +18,7 @@ def test_every_setting_has_one_env_var_and_reads_back():
         "PAGODA_RETRY_MAX_SECONDS": "60", "PAGODA_CLUSTER_DOMAIN": "svc.cluster.local", "PAGODA_API_TIMEOUT_SECONDS": "9",
         "PAGODA_AUTOSCALER_SCRAPE_TIMEOUT_SECONDS": "3",
         "PAGODA_ROUTER_METRICS_URL": "http://router:8080/metrics", "PAGODA_PROMETHEUS_ADDRESS": "http://prom:9090",
+        "PAGODA_PEERING_LIFETIME_SECONDS": "6",
     }  # fmt: skip
     assert set(env) == set(ENV.values())
     config = OperatorConfig.from_env(env)
@@ -25,6 +26,7 @@ def test_every_setting_has_one_env_var_and_reads_back():
         runtime_image="img:1", resync_seconds=5.0, retry_base_seconds=2.0, retry_max_seconds=60.0,
         cluster_domain="svc.cluster.local", api_timeout_seconds=9.0, scrape_timeout_seconds=3.0,
         router_metrics_url="http://router:8080/metrics", prometheus_address="http://prom:9090",
+        peering_lifetime_seconds=6.0,
     )  # fmt: skip
     # Unset (or empty) variables keep the defaults; flags left unset keep what the environment said.
     assert OperatorConfig.from_env({"PAGODA_ROUTER_METRICS_URL": ""}) == OperatorConfig()

@@ -273,7 +273,9 @@ async def test_lifecycle(apiserver):
 
 async def test_retained_cache_and_failed_loader(apiserver):
     cluster = make_test_client()
-    async with running_operator(config=CONFIG):
+    # The Failed phase lasts until the retry, retry_base_seconds after the failure: long enough here
+    # for the polls below to see it on a loaded machine (at 0.5 s they could miss it and wait forever).
+    async with running_operator(config=CONFIG.with_overrides(retry_base_seconds=3.0)):
         body = modelserver("flaky")
         await call(cluster.create, body)
         job = loader_job_name(ModelServer.from_body(body))

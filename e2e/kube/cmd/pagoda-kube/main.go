@@ -40,6 +40,12 @@ func main() {
 	case "kwok":
 		os.Exit(runKwok(args))
 	}
+	if name == "kube-controller-manager" {
+		if err := tuneJobController(); err != nil {
+			fmt.Fprintln(os.Stderr, "pagoda-kube:", err)
+			os.Exit(2)
+		}
+	}
 	newCommand, ok := programs[name]
 	if !ok {
 		fmt.Fprintf(os.Stderr, "pagoda-kube: unknown program %q\n", name)
