@@ -42,7 +42,13 @@ def resolve_model_path(model: str, revision: str | None = None, allow_patterns: 
     offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
     patterns = allow_patterns or ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
     try:
-        return Path(snapshot_download(model, revision=revision, allow_patterns=patterns,
+        skip = None
+        if not offline:  # Mistral's second copy of the weights is not fetched (download.second_copy)
+            from pagoda.runtime.download import second_copy
+
+            planned = snapshot_download(model, revision=revision, allow_patterns=patterns, dry_run=True)
+            skip = second_copy([f.filename for f in planned]) or None
+        return Path(snapshot_download(model, revision=revision, allow_patterns=patterns, ignore_patterns=skip,
                                       local_files_only=offline))
     except Exception as exc:  # the hub raises many types; all mean the same to the user
         where = "the local Hugging Face cache (HF_HUB_OFFLINE=1)" if offline else "the Hugging Face Hub"

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from fakehub import serve
@@ -79,6 +80,27 @@ def test_mistral_consolidated_weights_beside_hf_shards_are_not_fetched(tmp_path)
         assert got == {p.name for p in source.iterdir()} - {"consolidated.safetensors"}
         assert any(name.startswith("model") and name.endswith(".safetensors") for name in got)
         # the dry run may ask about it (HEAD); its bytes are never fetched
+        assert not any(method == "GET" and "consolidated" in path for method, path, *_ in server.requests)
+    finally:
+        server.shutdown()
+
+
+def test_serving_a_hub_id_skips_mistral_consolidated_weights_too(tmp_path):
+    """`pagoda serve org/name` fetches through resolve_model_path: the same rule as the loader Job."""
+    source = tmp_path / "repo"
+    build_tiny_model(source, "mistral")
+    (source / "consolidated.safetensors").write_bytes(b"mistral's own copy of the weights")
+    server = serve(source, "org/mistral")
+    try:
+        env = dict(os.environ, HF_ENDPOINT=f"http://127.0.0.1:{server.server_port}",
+                   HF_HUB_CACHE=str(tmp_path / "cache"), HF_HUB_DISABLE_TELEMETRY="1")
+        code = "from pagoda.runtime.model_config import resolve_model_path; print(resolve_model_path('org/mistral'))"
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert result.returncode == 0, result.stderr
+        folder = Path(result.stdout.strip().splitlines()[-1])
+        got = {p.name for p in folder.iterdir()}
+        assert "config.json" in got and any(n.startswith("model") and n.endswith(".safetensors") for n in got)
+        assert "consolidated.safetensors" not in got
         assert not any(method == "GET" and "consolidated" in path for method, path, *_ in server.requests)
     finally:
         server.shutdown()
