@@ -53,7 +53,10 @@ class FaultProxy:
     def choose(self, request: web.Request) -> str | None:
         if not self.faulty(request) or self._random.random() >= self.rate:
             return None
-        # In turn, so that a short run meets every kind (a conflict only answers a write).
+        # In turn, so that a short run meets every kind. A conflict only answers a write, and the
+        # turn may skip it on every write of a short run, so the first faulted write takes it.
+        if request.method in WRITES and "conflict" not in self.kinds():
+            return "conflict"
         kinds = [k for k in FAULTS if k != "conflict" or request.method in WRITES]
         self._turn += 1
         return kinds[self._turn % len(kinds)]
