@@ -210,25 +210,26 @@ STAGES = [
 
 
 @contextlib.contextmanager
-def stage_timers():
-    """Accumulate the thread CPU time of each STAGES function (exclusive of nothing: nested stages,
-    such as _make_output inside process_outputs, are also inside their caller's figure)."""
+def stage_timers(clock=time.thread_time, extra=()):
+    """Accumulate the time (thread CPU by default) of each STAGES function and of `extra`'s
+    (exclusive of nothing: nested stages, such as _make_output inside process_outputs, are also
+    inside their caller's figure)."""
     import importlib
 
     totals: dict[str, list] = {}
     saved = []
-    for _, module, cls_name, name in STAGES:
+    for _, module, cls_name, name in [*STAGES, *extra]:
         cls = getattr(importlib.import_module(module), cls_name)
         orig = cls.__dict__[name]
         key = f"{cls_name}.{name}"
         acc = totals.setdefault(key, [0.0, 0])
 
         def timed(*a, _orig=orig, _acc=acc, **kw):
-            t0 = time.thread_time()
+            t0 = clock()
             try:
                 return _orig(*a, **kw)
             finally:
-                _acc[0] += time.thread_time() - t0
+                _acc[0] += clock() - t0
                 _acc[1] += 1
 
         functools.update_wrapper(timed, orig)

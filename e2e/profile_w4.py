@@ -118,9 +118,6 @@ EXTRA_STAGES = [
 def stage_table(llm, prompts, params) -> dict:
     """Wall-clock seconds in each stage over one generate (nested stages are inside their callers;
     PendingStep.wait is the host waiting for the GPU)."""
-    import functools
-    import importlib
-
     import host_path_bench
 
     # StepRecorder's per-instance hooks would call the unwrapped methods: lift them meanwhile.
@@ -128,32 +125,14 @@ def stage_table(llm, prompts, params) -> dict:
     runner = engine.executor.runner if hasattr(engine, "executor") else engine.runner
     hooks = [(obj, name, obj.__dict__.pop(name)) for obj, name in ((engine, "step"), (runner, "launch"))
              if name in obj.__dict__]
-    totals, saved = {}, []
-    for _, module, cls_name, name in host_path_bench.STAGES + EXTRA_STAGES:
-        cls = getattr(importlib.import_module(module), cls_name)
-        orig = cls.__dict__[name]
-        acc = totals.setdefault(f"{cls_name}.{name}", [0.0, 0])
-
-        def timed(*a, _orig=orig, _acc=acc, **kw):
-            t0 = time.perf_counter()
-            try:
-                return _orig(*a, **kw)
-            finally:
-                _acc[0] += time.perf_counter() - t0
-                _acc[1] += 1
-
-        functools.update_wrapper(timed, orig)
-        setattr(cls, name, timed)
-        saved.append((cls, name, orig))
     try:
-        t0 = time.perf_counter()
-        llm.generate([{"prompt_token_ids": q} for q in prompts], params, use_tqdm=False)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
+        with host_path_bench.stage_timers(time.perf_counter, EXTRA_STAGES) as totals:
+            t0 = time.perf_counter()
+            llm.generate([{"prompt_token_ids": q} for q in prompts], params, use_tqdm=False)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            wall = time.perf_counter() - t0
     finally:
-        for cls, name, orig in saved:
-            setattr(cls, name, orig)
         for obj, name, hook in hooks:
             setattr(obj, name, hook)
     table = {k: {"calls": n, "total_s": round(t, 4), "ms_per_call": round(t * 1e3 / max(n, 1), 4)}
