@@ -4,6 +4,8 @@
 # the families of issue 18 against transformers.
 #
 #   bash e2e/run_w5.sh OUT_DIR [STAGE...]        STAGEs (default: pagoda vllm), in the order given:
+#     sweep        e2e/moe_gpu_sweep.py: routing, grouping and tile times of one W5 MoE layer; merges the
+#                  best tiles into kernels/moe_tiles.json (copied to OUT), which later stages use, ~3 min
 #     correctness  e2e/gpu_correctness_families.py (Qwen3, Gemma 2 and Qwen3-MoE shapes), ~3 min
 #     pagoda       `pagoda bench throughput --workload W5`, ~3 min
 #     vllm         installs vLLM from $VLLM_PARTS (default /tmp/vp; ../shared/tools/vllm-peer/README.md:
@@ -31,6 +33,10 @@ stage_correctness() {
     [ "${SMOKE:-0}" = 1 ] && smoke=(--smoke)
     timeout 420 "$PY" e2e/gpu_correctness_families.py "${smoke[@]}" \
         --out "$OUT/gpu-correctness-families-${PAGODA_COMMIT:-local}.json"
+}
+
+stage_sweep() {
+    timeout 300 "$PY" e2e/moe_gpu_sweep.py --out "$OUT" && cp kernels/moe_tiles.json "$OUT/"
 }
 
 stage_pagoda() {

@@ -1,9 +1,9 @@
 """Triton fused mixture-of-experts: tokens sorted by expert, then two grouped GEMMs.
 
-1. Route (the caller: softmax and top-k, fused_moe_ref.route_ref) gives each token k (expert,
-   weight) pairs. `align_by_expert` sorts the T * k pairs by expert and pads every expert's run to
-   a multiple of BLOCK_M, so each BLOCK_M-row tile of the sorted list belongs to one expert. It is
-   all device ops on fixed-size buffers (no host sync), so a decode step stays capturable.
+1. Route (the caller: softmax and top-k, moe_route.py) gives each token k (expert, weight) pairs.
+   `align_by_expert` (moe_align.py) groups the T * k pairs by expert and pads every expert's run
+   to a multiple of BLOCK_M, so each BLOCK_M-row tile of the list belongs to one expert. It runs on
+   fixed-size buffers with no host sync, so a decode step stays capturable.
 2. Grouped GEMM 1: a tile's rows gather their tokens' hidden states and multiply them by that
    expert's gate and up rows, in two accumulators, so the activation, act(gate) * up, is applied
    before anything goes to memory: only the [pairs, inter] activation is written.
@@ -38,6 +38,8 @@ import triton
 import triton.language as tl
 
 from pagoda.kernels.attention_dot import _dot, dot_precision
+from pagoda.kernels.moe_align import align_by_expert
+from pagoda.kernels.moe_tiles import tuned_tile
 from pagoda.kernels.quant_fp8_ref import FP8_DTYPE, FP8_MAX, MIN_SCALE
 
 
@@ -142,36 +144,11 @@ def _down_kernel(
                  mask=valid[:, None] & nmask[None, :])
 
 
-def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sorted_pairs, block_expert). sorted_pairs [capacity] int32 lists pair indices (token * k +
-    slot) grouped by expert, each group padded to a multiple of block_m with the sentinel
-    num_pairs; block_expert [capacity // block_m] int32 is each tile's expert, -1 past the end.
-    capacity is the worst case, num_pairs + min(num_experts, num_pairs) * (block_m - 1), rounded up
-    to block_m, so the shapes depend only on the batch size."""
-    flat = topk_ids.reshape(-1)
-    num_pairs, dev = flat.numel(), flat.device
-    capacity = triton.cdiv(num_pairs + min(num_experts, num_pairs) * (block_m - 1), block_m) * block_m
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
-    padded = (counts + block_m - 1) // block_m * block_m
-    padded_end = torch.cumsum(padded, 0)
-    order = torch.argsort(flat, stable=True)
-    sorted_experts = flat[order]
-    # rank of each sorted pair within its expert's run, then its slot in the padded list
-    count_end = torch.cumsum(counts, 0)
-    rank = torch.arange(num_pairs, device=dev) - (count_end - counts)[sorted_experts]
-    dest = (padded_end - padded)[sorted_experts] + rank
-    sorted_pairs = torch.full((capacity,), num_pairs, dtype=torch.int32, device=dev)
-    sorted_pairs[dest] = order.to(torch.int32)
-    starts = torch.arange(0, capacity, block_m, device=dev)
-    block_expert = torch.searchsorted(padded_end, starts, right=True)
-    block_expert = torch.where(starts < padded_end[-1], block_expert, -1).to(torch.int32)
-    return sorted_pairs, block_expert
-
-
 def default_config(num_pairs: int, num_experts: int, device: torch.device) -> dict:
-    """Tiles: small for decode-sized batches (few rows per expert), larger for prefill. First
-    guesses for the H200 (PAGODA_MOE_CONFIG='bm,bn,bk,warps,stages' overrides them for a sweep);
-    small under the interpreter so the CPU tests stay quick."""
+    """Tiles where moe_tiles.json has none for this GPU and shape: small for decode-sized batches
+    (few rows per expert), larger for prefill; first guesses (PAGODA_MOE_CONFIG='bm,bn,bk,warps,
+    stages' overrides both for a hand sweep). Small under the interpreter so the CPU tests stay
+    quick."""
     if device.type != "cuda":
         return dict(block_m=16, block_n=16, block_k=16, num_warps=1, num_stages=1)
     if override := os.environ.get("PAGODA_MOE_CONFIG"):
@@ -215,6 +192,8 @@ def fused_moe(
         assert w13.dtype == w2.dtype == FP8_DTYPE and w2_scale is not None, "FP8 experts: e4m3 w13 and w2, both scales"
         assert w13_scale.shape == (num_experts, two_inter) and w2_scale.shape == (num_experts, hidden)
         assert w13_scale.stride(1) == 1 and w2_scale.stride(1) == 1
+    if config is None and not os.environ.get("PAGODA_MOE_CONFIG"):
+        config = tuned_tile(num_tokens, num_experts, hidden, inter, w13.dtype, x.device)
     cfg = config or default_config(num_pairs, num_experts, x.device)
     bm = cfg["block_m"]
     sorted_pairs, block_expert = align_by_expert(topk_ids, num_experts, bm)

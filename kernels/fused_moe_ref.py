@@ -20,6 +20,32 @@ def route_ref(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tup
     return weights.to(router_logits.dtype), ids
 
 
+def align_by_expert_ref(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted_pairs, block_expert). sorted_pairs [capacity] int32 lists pair indices (token * k +
+    slot) grouped by expert, each group padded to a multiple of block_m with the sentinel
+    num_pairs; block_expert [capacity // block_m] int32 is each tile's expert, -1 past the end.
+    capacity is the worst case, num_pairs + min(num_experts, num_pairs) * (block_m - 1), rounded up
+    to block_m, so the shapes depend only on the batch size."""
+    flat = topk_ids.reshape(-1)
+    num_pairs, dev = flat.numel(), flat.device
+    capacity = -(-(num_pairs + min(num_experts, num_pairs) * (block_m - 1)) // block_m) * block_m
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_end = torch.cumsum(padded, 0)
+    order = torch.argsort(flat, stable=True)
+    sorted_experts = flat[order]
+    # rank of each sorted pair within its expert's run, then its slot in the padded list
+    count_end = torch.cumsum(counts, 0)
+    rank = torch.arange(num_pairs, device=dev) - (count_end - counts)[sorted_experts]
+    dest = (padded_end - padded)[sorted_experts] + rank
+    sorted_pairs = torch.full((capacity,), num_pairs, dtype=torch.int32, device=dev)
+    sorted_pairs[dest] = order.to(torch.int32)
+    starts = torch.arange(0, capacity, block_m, device=dev)
+    block_expert = torch.searchsorted(padded_end, starts, right=True)
+    block_expert = torch.where(starts < padded_end[-1], block_expert, -1).to(torch.int32)
+    return sorted_pairs, block_expert
+
+
 def act_and_mul_ref(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
     if activation == "silu":

@@ -266,7 +266,11 @@ def quantize_fp8(x, scale=None, *, silu_mul: bool = False):
 
 
 def moe_route(router_logits, top_k: int, renormalize: bool):
-    """(topk_weights, topk_ids) of each token: softmax in fp32, top k (torch on every device)."""
+    """(topk_weights, topk_ids) of each token: softmax in fp32, the top k, renormalised if asked."""
+    if _on_gpu(router_logits):
+        from pagoda.kernels.moe_route import moe_route as triton_moe_route
+
+        return triton_moe_route(router_logits.contiguous(), top_k, renormalize)
     return route_ref(router_logits, top_k, renormalize)
 
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 from kernel_testing import tolerance
 
-from pagoda.kernels.fused_moe import align_by_expert, fused_moe
+from pagoda.kernels.fused_moe import fused_moe
+from pagoda.kernels.moe_align import align_by_expert
 from pagoda.kernels.fused_moe_ref import fused_moe_ref, route_ref
 
 
