@@ -7,8 +7,8 @@ import torch
 from kernel_testing import tolerance
 
 from pagoda.kernels.fused_moe import fused_moe
-from pagoda.kernels.moe_align import align_by_expert
 from pagoda.kernels.fused_moe_ref import fused_moe_ref, route_ref
+from pagoda.kernels.moe_align import align_by_expert
 
 
 def moe_inputs(num_tokens, hidden, inter, num_experts, top_k, dtype, only=None):
