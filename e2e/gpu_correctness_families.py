@@ -142,9 +142,15 @@ def greedy_prompts(vocab: int) -> list[list[int]]:
 @torch.inference_mode()
 def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
     """transformers' greedy tokens, and its top-2 margin (nats of logits) at each of them."""
+    import copy
+
     ids = torch.tensor([prompt], device=base.DEVICE)
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                         min_new_tokens=max_new_tokens, do_sample=False, output_scores=True,
+    # No EOS at all, as the engine's ignore_eos: min_new_tokens would instead forbid EOS (its logit
+    # set to -inf), so where greedy picks EOS the two would part for a reason that is not the model.
+    config = copy.deepcopy(model.generation_config)
+    config.eos_token_id = []
+    out = model.generate(ids, generation_config=config, attention_mask=torch.ones_like(ids),
+                         max_new_tokens=max_new_tokens, do_sample=False, output_scores=True,
                          return_dict_in_generate=True, pad_token_id=0)
     margins = []
     for scores in out.scores:

@@ -6,7 +6,7 @@
 #   PAGODA_COMMIT=abc1234 bash e2e/run_w5_call.sh STAGE...
 set -uo pipefail
 cd "$(dirname "$0")/.."
-: "${OUT:?the device call's output folder}"
+: "${OUT:?OUT, the device call output folder}"
 rc=0
 for stage in "$@"; do
     bash e2e/run_w5.sh /tmp/w5 "$stage" > "/tmp/w5-$stage.log" 2>&1 || rc=1
