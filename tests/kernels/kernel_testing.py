@@ -38,3 +38,33 @@ def paged_inputs(q_lens, seq_lens, num_kv_heads, group, head_dim, block_size, dt
     query_start_loc = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     seq_lens = torch.tensor(seq_lens, dtype=torch.int32)
     return query, k_cache, v_cache, block_tables, seq_lens, query_start_loc
+
+
+def pairwise(**axes) -> dict:
+    """parametrize() arguments for a covering set of the axes' cross product: every value of every
+    axis, and every pair of values of any two axes, meets in at least one case. A kernel bug that
+    needs one value, or two at once (a dtype with a split-K config, a row count with a masked
+    tail), is still met; under the interpreter the full product of four axes costs several times
+    the time for cases that add no pair. Each axis is a list, or a dict of id -> value. Greedy and
+    deterministic: the case that covers the most uncovered pairs, the first such in product order."""
+    import itertools
+
+    import pytest
+
+    named = {a: v if isinstance(v, dict) else {_id(x): x for x in v} for a, v in axes.items()}
+    keys = [list(v) for v in named.values()]  # each axis by its ids
+    def pairs(case):
+        return {(i, case[i], j, case[j]) for i, j in itertools.combinations(range(len(case)), 2)}
+    uncovered = set().union(*(pairs(c) for c in itertools.product(*keys)))
+    chosen = []
+    while uncovered:
+        best = max(itertools.product(*keys), key=lambda c: len(pairs(c) & uncovered))
+        chosen.append(best)
+        uncovered -= pairs(best)
+    values = list(named.values())
+    return dict(argnames=",".join(named), argvalues=[
+        pytest.param(*(values[i][k] for i, k in enumerate(case)), id="-".join(case)) for case in chosen])
+
+
+def _id(value) -> str:
+    return str(value).removeprefix("torch.")

@@ -6,7 +6,7 @@ row or column the kernel forgets to write shows up as a mismatch."""
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_testing import tolerance
+from kernel_testing import pairwise, tolerance
 
 from pagoda.kernels import gemv as gemv_module
 from pagoda.kernels import ops
@@ -19,7 +19,9 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SMALL = GemvConfig(block_n=16, block_k=32, split_k=1, num_warps=4)
 SPLIT = GemvConfig(block_n=16, block_k=32, split_k=3, num_warps=4)
 UNFOLDED = GemvConfig(block_n=16, block_k=64, split_k=2, num_warps=4, fold=1)
-CONFIGS = dict(argnames="config", argvalues=[SMALL, SPLIT, UNFOLDED], ids=["whole-k", "split-k", "fold-1-split-k"])
+CONFIGS = {"whole-k": SMALL, "split-k": SPLIT, "fold-1-split-k": UNFOLDED}
+# Each test below runs a covering set of its axes (kernel_testing.pairwise: every value, and every
+# pair of values, in some case), not the whole cross product: the interpreter makes each case cost.
 
 
 def linear_inputs(rows, n, k, dtype, bias: bool, act=None):
@@ -38,28 +40,20 @@ def check(x, weight, bias, act, config):
     assert got.shape == (*x.shape[:-1], n) and rows <= MAX_ROWS
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
-@pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize(**CONFIGS)
+@pytest.mark.parametrize(**pairwise(dtype=DTYPES, rows=[1, 2, 3, 4], bias=[False, True], config=CONFIGS))
 def test_gemv_odd_shape(dtype, rows, bias, config):
     # N = 67 leaves a partial row block; K = 130 a masked tail (and an uneven last split)
     check(*linear_inputs(rows, 67, 130, dtype, bias), None, config)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows", [1, 4])
-@pytest.mark.parametrize("split_k", [1, 2, 4])
-@pytest.mark.parametrize("fold", [1, 8])
+@pytest.mark.parametrize(**pairwise(dtype=DTYPES, rows=[1, 4], split_k=[1, 2, 4], fold=[1, 8]))
 def test_gemv_even_k(dtype, rows, split_k, fold):
     # K a multiple of the split length: the unmasked loop
     config = GemvConfig(block_n=8, block_k=64, split_k=split_k, num_warps=4, fold=fold)
     check(*linear_inputs(rows, 40, 256, dtype, bias=True), None, config)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
-@pytest.mark.parametrize(**CONFIGS)
+@pytest.mark.parametrize(**pairwise(dtype=DTYPES, rows=[1, 2, 3, 4], config=CONFIGS))
 def test_gemv_silu_mul(dtype, rows, config):
     x, weight, b = linear_inputs(rows, 67, 130, dtype, bias=rows % 2 == 0, act="silu_mul")
     check(x, weight, b, "silu_mul", config)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_testing import tolerance
+from kernel_testing import pairwise, tolerance
 
 from pagoda.kernels import fp8_dispatch, ops
 from pagoda.kernels import gemv as gemv_module
@@ -31,11 +31,15 @@ from pagoda.runtime.quantization.scheme import FP8Scheme
 DTYPES = [torch.float32, torch.bfloat16]
 # Small blocks, so N = 67 leaves a partial row block and K = 130 a masked tail over several
 # chunks; fold 16 is an FP8 thread's 16-byte load, fold 1 keeps the whole product.
-CONFIGS = dict(argnames="config", ids=["fold-16", "split-k", "fold-1-split-k"], argvalues=[
-    GemvConfig(block_n=16, block_k=32, split_k=1, num_warps=4, fold=16),
-    GemvConfig(block_n=16, block_k=32, split_k=3, num_warps=4, fold=16),
-    GemvConfig(block_n=8, block_k=64, split_k=2, num_warps=4, fold=1),
-])
+CONFIGS = {
+    "fold-16": GemvConfig(block_n=16, block_k=32, split_k=1, num_warps=4, fold=16),
+    "split-k": GemvConfig(block_n=16, block_k=32, split_k=3, num_warps=4, fold=16),
+    "fold-1-split-k": GemvConfig(block_n=8, block_k=64, split_k=2, num_warps=4, fold=1),
+}
+PER_ROW = {"per-channel": True, "per-tensor": False}
+# The tests over several axes run a covering set of them (kernel_testing.pairwise: every value,
+# and every pair of values, in some case), not the whole cross product: the interpreter makes
+# each case cost.
 
 
 def fp8_weight(n: int, k: int, per_row: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,10 +65,7 @@ def check(rows, n, k, dtype, *, per_row, bias, act=None, config=None):
     return x, q, scale, b, got
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
-@pytest.mark.parametrize("per_row", [True, False], ids=["per-channel", "per-tensor"])
-@pytest.mark.parametrize(**CONFIGS)
+@pytest.mark.parametrize(**pairwise(dtype=DTYPES, rows=[1, 2, 3, 4], per_row=PER_ROW, config=CONFIGS))
 def test_fp8_gemv_odd_shape(dtype, rows, per_row, config):
     check(rows, 67, 130, dtype, per_row=per_row, bias=rows % 2 == 1, config=config)
 
@@ -78,9 +79,7 @@ def test_fp8_gemv_bias_and_scale_with_split_k(rows, per_row, bias):
           config=GemvConfig(block_n=16, block_k=32, split_k=4, num_warps=4, fold=16))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
-@pytest.mark.parametrize(**CONFIGS)
+@pytest.mark.parametrize(**pairwise(dtype=DTYPES, rows=[1, 2, 3, 4], config=CONFIGS))
 def test_fp8_gemv_silu_mul(dtype, rows, config):
     check(rows, 67, 130, dtype, per_row=rows != 3, bias=rows % 2 == 0, act="silu_mul", config=config)
 

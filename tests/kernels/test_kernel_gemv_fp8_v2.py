@@ -5,7 +5,7 @@ kernel forgets to write shows up."""
 
 import pytest
 import torch
-from kernel_testing import tolerance
+from kernel_testing import pairwise, tolerance
 from test_kernel_gemv_fp8 import fp8_layer, fp8_weight
 
 from pagoda.kernels import fp8_dispatch, ops
@@ -16,11 +16,14 @@ from pagoda.kernels.gemv_ref import gemv_ref
 from pagoda.runtime.quantization import fp8_linear
 
 # N = 67 leaves a partial row block, K = 130 a masked tail over several chunks and splits.
-CONFIGS = dict(argnames="config", ids=["one-split", "split-k-3", "split-k-2-wide"], argvalues=[
-    Fp8GemvConfig(block_n=16, block_k=32, split_k=1, num_warps=4),
-    Fp8GemvConfig(block_n=4, block_k=32, split_k=3, num_warps=4),
-    Fp8GemvConfig(block_n=8, block_k=64, split_k=2, num_warps=8),
-])
+CONFIGS = {
+    "one-split": Fp8GemvConfig(block_n=16, block_k=32, split_k=1, num_warps=4),
+    "split-k-3": Fp8GemvConfig(block_n=4, block_k=32, split_k=3, num_warps=4),
+    "split-k-2-wide": Fp8GemvConfig(block_n=8, block_k=64, split_k=2, num_warps=8),
+}
+# The tests over several axes run a covering set of them (kernel_testing.pairwise: every value,
+# and every pair of values, in some case), not the whole cross product: the interpreter makes
+# each case cost.
 
 
 def check(rows, n, k, dtype, *, per_row, bias, act=None, config=None):
@@ -33,16 +36,14 @@ def check(rows, n, k, dtype, *, per_row, bias, act=None, config=None):
     torch.testing.assert_close(got, gemv_ref(x, q, b, weight_scale=scale, act=act), **tolerance(dtype))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8])
-@pytest.mark.parametrize("per_row", [True, False], ids=["per-channel", "per-tensor"])
-@pytest.mark.parametrize(**CONFIGS)
+@pytest.mark.parametrize(**pairwise(dtype=[torch.float32, torch.bfloat16], rows=[1, 2, 3, 5, 8],
+                                     per_row={"per-channel": True, "per-tensor": False}, config=CONFIGS))
 def test_fp8_gemv_v2_matches_reference(dtype, rows, per_row, config):
     check(rows, 67, 130, dtype, per_row=per_row, bias=rows % 2 == 1, config=config)
 
 
 @pytest.mark.parametrize("rows", [1, 4, 8])
-@pytest.mark.parametrize(**CONFIGS)
+@pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
 def test_fp8_gemv_v2_silu_mul(rows, config):
     check(rows, 67, 130, torch.bfloat16, per_row=True, bias=rows == 4, act="silu_mul", config=config)
 
