@@ -116,7 +116,7 @@ def fused_moe_fp8_ref(
     num_tokens, top_k = topk_ids.shape
     # one row per (token, slot) pair, as the kernel lays them out
     pairs_expert = topk_ids.reshape(-1)
-    h = torch.zeros(num_tokens * top_k, w2.shape[2])
+    h = torch.zeros(num_tokens * top_k, w2.shape[2], device=x.device)
     for expert in torch.unique(pairs_expert).tolist():
         rows = torch.where(pairs_expert == expert)[0]
         gate, up = F.linear(xf[rows // top_k], w13d[expert]).to(x.dtype).float().chunk(2, dim=-1)
@@ -125,7 +125,7 @@ def fused_moe_fp8_ref(
     if activations != "none":
         q, scale = quantize_moe_activation_ref(h.to(x.dtype), activations, a2_scale)
         h = q.float() * scale[:, None]
-    y = torch.zeros(num_tokens * top_k, w2.shape[1])
+    y = torch.zeros(num_tokens * top_k, w2.shape[1], device=x.device)
     for expert in torch.unique(pairs_expert).tolist():
         rows = torch.where(pairs_expert == expert)[0]
         y[rows] = F.linear(h[rows], w2d[expert]).to(x.dtype).float()
