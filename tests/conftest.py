@@ -11,6 +11,11 @@ import os
 # one thread (and less wall time, the cores idle). Set before torch is imported; the subprocesses
 # tests start (pagoda serve, engine and tensor-parallel workers) inherit it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The operator's handlers read the resync interval once, at import, and the loader retry waits for
+# that timer. Set here, not in tests/operator/conftest.py: collection imports the handlers from
+# tests/kube first, which fixed the default 30 s and made the retry test wait one whole resync
+# (30 s in the suite against 9 s alone). The control plane's operator process sets its own (3 s).
+os.environ.setdefault("PAGODA_RESYNC_SECONDS", "0.5")
 
 pytest_plugins = ["suite_timing"]  # the time report after --durations (tests/suite_timing.py)
 

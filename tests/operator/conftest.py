@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextvars
 import datetime
 import itertools
-import os
 import uuid
 
 import attrs
@@ -15,8 +14,7 @@ import kubernetes
 import pytest
 import yaml
 
-# The handlers read the resync interval at import; a short one lets the retry test run in seconds.
-os.environ.setdefault("PAGODA_RESYNC_SECONDS", "0.5")
+# The resync interval (0.5 s) is set suite-wide in tests/conftest.py: the handlers read it at import.
 
 RESOURCES = {
     "pagoda.dev/v1alpha1/modelservers": kmock.ResourceInfo(
