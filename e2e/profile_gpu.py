@@ -1,7 +1,7 @@
 """Where the time goes in W1 and W2 on the GPU: a step-by-step split of host and GPU time, and the
 kernels that fill the GPU time.
 
-    python e2e/profile_gpu.py --out DIR [--mnbt 8192 16384] [--kernels]
+    python e2e/profile_gpu.py --out DIR [--mnbt 8192 16384] [--kernels] [--quantization fp8] [--kv-cache-dtype fp8]
 
 For every engine step it records the host wall time of `LLMEngine.step`, the GPU time of the work
 the step launched (CUDA events around `runner.launch`), and the GPU idle gap before it (from the
@@ -151,16 +151,20 @@ def main() -> int:
     p.add_argument("--mnbt", type=int, nargs="+", default=[16384], help="max_num_batched_tokens values to run W1 at")
     p.add_argument("--kernels", action="store_true", help="add torch.profiler kernel tables")
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--quantization", default=None, help="as pagoda serve's flag (fp8)")
+    p.add_argument("--kv-cache-dtype", default="auto", help="as pagoda serve's flag (fp8)")
     args = p.parse_args()
     model = workloads.resolve_model("w1")
     greedy = SamplingParams(temperature=0, max_tokens=workloads.W1_OUTPUT_LEN, ignore_eos=True)
     w1 = [r.prompt_token_ids for r in workloads.w1_requests(0)]
     warm = [r.prompt_token_ids for r in workloads.offline_requests(256, 16, seed=1)]
     result = {"commit": os.environ.get("PAGODA_COMMIT", "unknown"), "gpu": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "w1": {}}
+              "torch": torch.__version__, "quantization": args.quantization,
+              "kv_cache_dtype": args.kv_cache_dtype, "w1": {}}
     for i, mnbt in enumerate(args.mnbt):
         llm = LLM(model=str(model), load_format="dummy", max_model_len=2048, max_num_batched_tokens=mnbt,
-                  enforce_eager=args.enforce_eager, seed=0)
+                  enforce_eager=args.enforce_eager, seed=0,
+                  quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
         rec = StepRecorder(llm.llm_engine)
         generate_fn(llm, warm, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))()
         result["w1"][str(mnbt)] = timed_generate(llm, rec, w1, greedy)
@@ -172,7 +176,8 @@ def main() -> int:
         torch.cuda.empty_cache()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"profile-{result['commit']}.json"
+    tag = "".join(f"-{v}" for v in (args.quantization, None if args.kv_cache_dtype == "auto" else f"kv{args.kv_cache_dtype}") if v)
+    path = out / f"profile-{result['commit']}{tag}.json"
     path.write_text(json.dumps(result, indent=1))
     print("wrote", path)
     return 0
