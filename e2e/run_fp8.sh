@@ -20,6 +20,7 @@
 #     vllm         vLLM with the same flags (W2 fp8, W1 fp8 + fp8 KV), this call's Pagoda FP8 runs as the
 #                  peers; installs vLLM from $VLLM_PARTS first (as run_w5.sh), ~4 min
 #                                        -> W2-vllm-fp8-*.json, W1-vllm-fp8-kvfp8-*.json
+#                  VLLM_W2=0 leaves out vLLM's W2 (its first start alone takes ~4 min of a 10-min call).
 #                  VLLM=1 appends this stage when the list lacks it, so Pagoda's and vLLM's FP8 runs
 #                  (and their ratios) come from one call; the vLLM parts must be on the machine first
 #                  (../shared/tools/vllm-peer/README.md: one call per part of .vllm/).
@@ -88,8 +89,10 @@ stage_vllm() {
     local w2 w1 peer2=() peer1=()
     w2=$(newest W2-pagoda-fp8) && [ -n "$w2" ] && peer2=(--peer-result "$w2")
     w1=$(newest W1-pagoda-fp8-kvfp8) && [ -n "$w1" ] && peer1=(--peer-result "$w1")
-    "${vllm_env[@]}" timeout 240 python3 -m pagoda.runtime.cli bench latency --backend vllm "${W2_ARGS[@]}" \
-        "${FP8[@]}" "${peer2[@]}" --out "$OUT" || rc=1
+    if [ "${VLLM_W2:-1}" = 1 ]; then
+        "${vllm_env[@]}" timeout 240 python3 -m pagoda.runtime.cli bench latency --backend vllm "${W2_ARGS[@]}" \
+            "${FP8[@]}" "${peer2[@]}" --out "$OUT" || rc=1
+    fi
     "${vllm_env[@]}" timeout 300 python3 -m pagoda.runtime.cli bench throughput --workload W1 --backend vllm \
         "${W1_ARGS[@]}" "${FP8[@]}" "${KV8[@]}" "${peer1[@]}" --out "$OUT" || rc=1
 }

@@ -33,6 +33,18 @@ def dot_precision(query: torch.Tensor) -> str:
     return "tf32"  # ignored by Triton for 16-bit operands
 
 
+def fp8_as_f16(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether the kernels run an FP8 cache's dots in fp16: for a 16-bit query over an e4m3 cache.
+
+    e4m3 widens to fp16 exactly, and on Hopper that is one packed instruction per two values
+    (cvt.rn.f16x2.e4m3x2). Widening to bf16 goes e4m3 -> fp16 -> fp32 -> bf16, two more
+    conversions a value, and conversions issue at a quarter of the FMA rate: on the H200 that held
+    the FP8 decode kernel to 40% of the bandwidth, slower than the bf16 cache it halves. A bf16 q
+    converts to fp16 exactly in fp16's range (|q| < 65504, far above any attention input), and the
+    probabilities in [0, 1] round to fp16 more finely than to bf16."""
+    return k_cache.dtype in (torch.float8_e4m3fn,) and query.dtype in (torch.bfloat16, torch.float16)
+
+
 @triton.jit
 def _tanh(x):
     # 1 - 2 / (e^2x + 1): exact at both ends (e^2x overflowing to inf gives 1), no libdevice call

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagoda.kernels.attention_dot import NO_WINDOW, _dot, _scores, dot_precision, score_scales
+from pagoda.kernels.attention_dot import NO_WINDOW, _dot, _scores, dot_precision, fp8_as_f16, score_scales
 
 # Launch knobs for 2-byte caches, from e2e/kernels_gpu.py --sweep on the H200 (c928b0e): the best
 # worst case over batch 64-256 and context 512-8k, and no worse than the old 64/4/3 at any point.
@@ -53,7 +53,7 @@ def _decode_kernel(
     stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh,
     NUM_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    SOFTCAP: tl.constexpr, PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, FP8_AS_F16: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -76,6 +76,8 @@ def _decode_kernel(
         dmask = d < HEAD_DIM
         q = tl.load(q_ptr + q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
                     mask=gmask[:, None] & dmask[None, :], other=0.0)
+        if FP8_AS_F16:  # attention_dot.fp8_as_f16 says why
+            q = q.to(tl.float16)
 
         m = tl.full([BLOCK_G], float("-inf"), tl.float32)
         denom = tl.zeros([BLOCK_G], tl.float32)
@@ -87,7 +89,7 @@ def _decode_kernel(
             block = tl.load(table + pos // BLOCK_SIZE, mask=pmask, other=0).to(tl.int64)
             row = block * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
             kv_mask = pmask[:, None] & dmask[None, :]
-            # an FP8 cache widens to q's dtype exactly; its k_scale is in qk_scale, v_scale at the end
+            # an FP8 cache widens to q's dtype (fp16 then) exactly; its k_scale is in qk_scale, v_scale at the end
             k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
             s = _scores(q, tl.trans(k), qk_scale, cap_log2, SOFTCAP, PRECISION)
             s = tl.where(pmask[None, :], s, float("-inf"))
@@ -226,7 +228,7 @@ def paged_attention_decode(
         block_tables.stride(0), out.stride(0), out.stride(1),
         NUM_SPLITS=num_splits, GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=block_size, BLOCK_N=block_n or default_n,
-        SOFTCAP=bool(softcap), PRECISION=dot_precision(query),
+        SOFTCAP=bool(softcap), PRECISION=dot_precision(query), FP8_AS_F16=fp8_as_f16(query, k_cache),
         num_warps=num_warps or default_warps, num_stages=num_stages or default_stages,
     )
     if num_splits > 1:

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagoda.kernels.attention_dot import NO_WINDOW, _dot, _scores, dot_precision, score_scales
+from pagoda.kernels.attention_dot import NO_WINDOW, _dot, _scores, dot_precision, fp8_as_f16, score_scales
 
 
 @triton.jit
@@ -45,7 +45,7 @@ def _tile(q, k_cache_ptr, v_cache_ptr, table, kv_off, n0, d, dmask, q_pos, kv_lo
     else:
         block = tl.load(table + pos // BLOCK_SIZE).to(tl.int64)
     rows = (block * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_off)[:, None] + d[None, :]
-    # an FP8 cache widens to q's dtype exactly; its k_scale is in qk_scale, v_scale at the end
+    # an FP8 cache widens to q's dtype (fp16 then) exactly; its k_scale is in qk_scale, v_scale at the end
     k = _load_rows(k_cache_ptr + rows, pmask, dmask, MASKED, EVEN_D).to(q.dtype)
     s = _scores(q, tl.trans(k), qk_scale, cap_log2, SOFTCAP, PRECISION)
     if MASKED:
@@ -69,7 +69,7 @@ def _prefill_kernel(
     stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    SOFTCAP: tl.constexpr, PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, FP8_AS_F16: tl.constexpr,
 ):
     m_tile = tl.num_programs(0) - 1 - tl.program_id(0)  # longest (last) query tiles first
     seq = tl.program_id(1)
@@ -86,6 +86,8 @@ def _prefill_kernel(
         token = (q_start + rows).to(tl.int64)
         q = tl.load(q_ptr + token[:, None] * stride_qt + head * stride_qh + d[None, :],
                     mask=rmask[:, None] & dmask[None, :], other=0.0)
+        if FP8_AS_F16:  # attention_dot.fp8_as_f16 says why
+            q = q.to(tl.float16)
         q_pos = context + rows
 
         m = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -180,7 +182,7 @@ def paged_attention_prefill(
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_N=block_n or cfg["block_n"],
-        SOFTCAP=bool(softcap), PRECISION=dot_precision(query),
+        SOFTCAP=bool(softcap), PRECISION=dot_precision(query), FP8_AS_F16=fp8_as_f16(query, k_cache),
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
     )
     return out
