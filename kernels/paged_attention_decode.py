@@ -162,6 +162,11 @@ def choose_tile(num_programs: int, element_size: int, device: torch.device, head
     """(block_n, num_warps, num_stages) for a launch of num_programs programs."""
     if element_size > 2:  # fp32 caches take half the tile to fit shared memory
         return 32, NUM_WARPS, 2
+    if element_size == 1:
+        # An FP8 cache is bound by widening its values, not by HBM (2.0-2.5 TB/s where bf16 streams
+        # 4.4): the fat tile was the best of 36 launches on every shape of e2e/decode_fp8_sweep.py
+        # (e2e/results/decode-fp8-29c5312/), 1.2x the thin one at W1's 256 x 768.
+        return FAT_TILE
     if num_programs < FAT_TILE_BELOW * _num_sms(device):
         # Gemma's head_dim 256 doubles each K and V tile: two stages keep them in shared memory
         return FAT_TILE if head_dim <= 128 else (*FAT_TILE[:2], 2)
