@@ -1,10 +1,8 @@
 """The paged decode kernel over an FP8 (e4m3) KV cache on the GPU: bandwidth against the bf16 cache
 on the same shapes, the fp16 dot (attention_dot.fp8_as_f16) against the old widening to bf16, and
-a sweep of the FP8 launch's tile (block_n, num_warps, num_stages); with --dots, the e4m3 dots
-(paged_attention_decode.FP8_DOTS: q k^T on e4m3 operands, and p v too) against the fp16 dot, each
-over a few tiles, with its error against the reference.
+a sweep of the FP8 launch's tile (block_n, num_warps, num_stages).
 
-    python e2e/decode_fp8_sweep.py --out DIR [--dots] [--no-tile-sweep]
+    python e2e/decode_fp8_sweep.py --out DIR
 
 Times are CUDA-graph replay medians (the engine replays decode from graphs); TB/s counts the bytes
 the cache holds (one a value for FP8) against the 4.25 TB/s copy ceiling of BENCHMARKS.md. Writes
@@ -63,45 +61,10 @@ def point(batch, context, block_size, args, **launch) -> dict:
     return bandwidth_point(nbytes, ms, batch=batch, context=context, elem_bytes=elem, **launch)
 
 
-DOT_TILES = [(32, 2, 2), (64, 2, 3), (64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3), (32, 4, 4)]
-
-
-def dots_sweep(cached: dict, bs: int) -> list[dict]:
-    """Each FP8_DOTS mode over DOT_TILES on every shape: TB/s and the error against the reference."""
-    rows = []
-    saved = decode_module.FP8_DOTS
-    try:
-        for mode in ("", "qk", "qkpv"):
-            decode_module.FP8_DOTS = mode
-            errs = {}
-            for (b, c), fp8 in cached.items():
-                want = paged_attention_ref(*fp8, HEAD_DIM**-0.5).float()
-                got = paged_attention_decode(*fp8, HEAD_DIM**-0.5, max_seq_len=c).float()
-                errs[f"{b}x{c}"] = {"max_abs": float((got - want).abs().max()),
-                                    "rel_norm": float((got - want).norm() / want.norm())}
-            for block_n, warps, stages in DOT_TILES:
-                knobs = dict(block_n=block_n, num_warps=warps, num_stages=stages)
-                try:
-                    pts = [point(b, c, bs, cached[b, c], **knobs) for b, c in SHAPES]
-                except Exception as exc:
-                    print(f"  dots {mode!r} {knobs}: skipped ({type(exc).__name__}: {str(exc)[:200]})", flush=True)
-                    continue
-                tbs = [q["achieved_tb_per_s"] for q in pts]
-                rows.append(dict(knobs, mode=mode, worst_tb_per_s=min(tbs), tb_per_s=tbs,
-                                 ms=[q["ms"] for q in pts], errors=errs))
-                print(f"  dots {mode!r} {knobs}: worst {min(tbs):.2f} TB/s {tbs} "
-                      f"rel err {max(e['rel_norm'] for e in errs.values()):.2e}", flush=True)
-    finally:
-        decode_module.FP8_DOTS = saved
-    return rows
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--dots", action="store_true", help="time the e4m3 dots (FP8_DOTS) against the fp16 dot")
-    p.add_argument("--no-tile-sweep", action="store_true", help="leave out the 36-launch sweep of the fp16 dot")
     args = p.parse_args()
     bs = args.block_size
     result = {"workload": "decode-fp8-sweep", "commit": os.environ.get("PAGODA_COMMIT", "unknown"),
@@ -127,10 +90,7 @@ def main() -> int:
               f"{row['bf16_cache']['ms']} ms; fp8 f16-dot {row['fp8_f16_dot']['achieved_tb_per_s']} TB/s "
               f"{row['fp8_f16_dot']['ms']} ms; fp8 widen-bf16 {widened['achieved_tb_per_s']} TB/s; "
               f"err {row['max_err_f16_dot']:.2e} / {row['max_err_widen_bf16']:.2e}", flush=True)
-    if args.dots:
-        result["dots"] = dots_sweep(cached, bs)
-    tiles = [] if args.no_tile_sweep else itertools.product((32, 64, 128), (2, 4, 8), (1, 2, 3, 4))
-    for block_n, warps, stages in tiles:
+    for block_n, warps, stages in itertools.product((32, 64, 128), (2, 4, 8), (1, 2, 3, 4)):
         knobs = dict(block_n=block_n, num_warps=warps, num_stages=stages)
         try:
             pts = [point(b, c, bs, cached[b, c], **knobs) for b, c in SHAPES]

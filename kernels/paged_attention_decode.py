@@ -54,7 +54,6 @@ def _decode_kernel(
     NUM_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, FP8_AS_F16: tl.constexpr,
-    FP8_QK: tl.constexpr = False, FP8_PV: tl.constexpr = False, DOT8: tl.constexpr = "tf32",
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -79,13 +78,6 @@ def _decode_kernel(
                     mask=gmask[:, None] & dmask[None, :], other=0.0)
         if FP8_AS_F16:  # attention_dot.fp8_as_f16 says why
             q = q.to(tl.float16)
-        row_scale = qk_scale
-        q_wide = q  # its dtype is what the widened dots compute in
-        if FP8_QK:  # q in e4m3 too, one scale per head: the q k^T dot runs on e4m3 operands
-            q_amax = tl.max(tl.abs(q.to(tl.float32)), axis=1)
-            q_step = tl.maximum(q_amax, 1e-30) / 448.0
-            q = (q.to(tl.float32) / q_step[:, None]).to(k_cache_ptr.dtype.element_ty)
-            row_scale = qk_scale * q_step[:, None]
 
         m = tl.full([BLOCK_G], float("-inf"), tl.float32)
         denom = tl.zeros([BLOCK_G], tl.float32)
@@ -98,26 +90,17 @@ def _decode_kernel(
             row = block * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
             kv_mask = pmask[:, None] & dmask[None, :]
             # an FP8 cache widens to q's dtype (fp16 then) exactly; its k_scale is in qk_scale, v_scale at the end
-            k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            if FP8_QK:
-                s = _scores(q, tl.trans(k), row_scale, cap_log2, SOFTCAP, DOT8)
-            else:
-                s = _scores(q, tl.trans(k.to(q_wide.dtype)), qk_scale, cap_log2, SOFTCAP, PRECISION)
+            k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+            s = _scores(q, tl.trans(k), qk_scale, cap_log2, SOFTCAP, PRECISION)
             s = tl.where(pmask[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
             alpha = tl.exp2(m - m_new)
             p = tl.exp2(s - m_new[:, None])
             denom = denom * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            if FP8_PV:  # p in [0, 1] scaled onto e4m3's range; the 448 comes off at the end
-                acc = acc * alpha[:, None] + _dot((p * 448.0).to(v.dtype), v, DOT8)
-            else:
-                acc = acc * alpha[:, None] + _dot(p.to(q_wide.dtype), v.to(q_wide.dtype), PRECISION)
+            v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION)
             m = m_new
-        if FP8_PV:
-            acc = acc * (v_scale / 448.0)
-        else:
-            acc = acc * v_scale
+        acc = acc * v_scale
 
         omask = gmask[:, None] & dmask[None, :]
         if NUM_SPLITS == 1:
@@ -173,22 +156,6 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, device
     # A power of two: NUM_SPLITS is a constexpr, so each count is a kernel of its own, and six of
     # them (1-32) can all be built at start-up (runtime/core/warmup.py), where 32 could not.
     return 1 << (max(1, min(wanted, by_length, MAX_SPLITS)).bit_length() - 1)
-
-
-# Which dots of an FP8-cache decode run on e4m3 operands: "" (both widened to fp16), "qk" (q
-# quantized per head, the q k^T dot in e4m3) or "qkpv" (p too, scaled by 448). An experiment
-# of e2e/decode_fp8_sweep.py until measured.
-FP8_DOTS = ""
-
-
-def fp8_dots(query: torch.Tensor, k_cache: torch.Tensor) -> dict:
-    """The kernel's FP8_QK / FP8_PV / DOT8 arguments for this launch."""
-    if k_cache.dtype != torch.float8_e4m3fn or not FP8_DOTS:
-        return {}
-    # The interpreter multiplies raw bytes: there the e4m3 operands are widened to fp32 first,
-    # which is exact, so it computes what the e4m3 MMA's fp32 accumulation does.
-    return {"FP8_QK": "qk" in FP8_DOTS, "FP8_PV": "pv" in FP8_DOTS,
-            "DOT8": "tf32" if query.is_cuda else "widen"}
 
 
 def choose_tile(num_programs: int, element_size: int, device: torch.device, head_dim: int = 128) -> tuple:
@@ -267,7 +234,6 @@ def paged_attention_decode(
         NUM_SPLITS=num_splits, GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=block_size, BLOCK_N=block_n or default_n,
         SOFTCAP=bool(softcap), PRECISION=dot_precision(query), FP8_AS_F16=fp8_as_f16(query, k_cache),
-        **fp8_dots(query, k_cache),
         num_warps=num_warps or default_warps, num_stages=num_stages or default_stages,
     )
     if num_splits > 1:
