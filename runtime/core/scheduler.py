@@ -17,11 +17,19 @@ from dataclasses import dataclass, field
 from pagoda.runtime.core.kv.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.request import Request, RequestStatus
 
+# Whether schedule_ahead schedules mixed steps too (admissions, prefill chunks), or only a decode
+# step after a decode step. A module switch for e2e A/B runs in one process; the engine has no flag.
+MIXED_AHEAD = True
+
 
 @dataclass(slots=True)
 class ScheduledRequest:
     request: Request
     num_tokens: int  # new tokens computed this step, starting at request.num_computed_tokens
+    # Scheduled ahead of a mixed step (SchedulerOutput.mixed_ahead): the tokens the step in flight
+    # computes for the request, not yet in num_computed_tokens. This step's tokens follow them.
+    offset: int = 0
+    fed: bool = False  # its one token is the step in flight's sample, copied in on the device
 
 
 @dataclass(slots=True)
@@ -34,6 +42,9 @@ class SchedulerOutput:
     # Ahead, with grammar rows: the forward runs at once, but sampling waits until the step before
     # is read and the matchers have seen its tokens (EngineCore.step samples it then).
     defer_sampling: bool = False
+    # Scheduled ahead of any step (Scheduler._mixed_ahead): decodes fed from the step in flight,
+    # prefill chunks continued past it and new admissions, each item placed by its offset.
+    mixed_ahead: bool = False
 
     @property
     def total_num_tokens(self) -> int:
@@ -51,8 +62,11 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         long_prefill_token_threshold: int = 0,
+        mixed_ahead: bool | None = None,
     ):
         self.kv = kv_cache_manager
+        # Whether schedule_ahead may schedule a step that admits or prefills (_mixed_ahead).
+        self.mixed_ahead = MIXED_AHEAD if mixed_ahead is None else mixed_ahead
         # vLLM's long_prefill_token_threshold: a cap on one request's prefill chunk per step.
         self.chunk_cap = long_prefill_token_threshold if long_prefill_token_threshold > 0 else max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
@@ -120,7 +134,21 @@ class Scheduler:
 
     def schedule_ahead(self, current: SchedulerOutput) -> SchedulerOutput | None:
         """The next step, scheduled while `current` is still running on the GPU (vLLM's async
-        scheduling), or None when it cannot be known yet.
+        scheduling), or None when it cannot be known yet (the normal schedule then runs after
+        `current` is read). A pure decode step is followed by the next decode step
+        (_decode_ahead); a step that can admit requests, or follows a mixed step, by a mixed one
+        (_mixed_ahead)."""
+        if current.preempted or not current.scheduled:
+            return None
+        if self.mixed_ahead and self.waiting and len(self.running) < self.max_num_seqs:
+            return self._mixed_ahead(current)  # a seat is free: admit now rather than a step later
+        nxt = self._decode_ahead(current)
+        if nxt is None and self.mixed_ahead:
+            nxt = self._mixed_ahead(current)
+        return nxt
+
+    def _decode_ahead(self, current: SchedulerOutput) -> SchedulerOutput | None:
+        """The next decode step after a decode step, or None.
 
         It is known when `current` is a pure decode step (every request samples one token) and no
         request needs its history on the host to sample (penalties); while requests wait to be
@@ -133,8 +161,6 @@ class Scheduler:
         dropped. Slots are allocated now; when the pool is short it returns None and the normal
         schedule (which may preempt) runs after `current` is read.
         """
-        if current.preempted or not current.scheduled:
-            return None
         # Admission happens in normal schedules only: with requests waiting, every other step is
         # one, so none waits more than one step longer, and half the steps still overlap. But with
         # every seat taken until a length stop frees one (W4: all of a wave end together), such a
@@ -174,6 +200,63 @@ class Scheduler:
             item.request.num_in_flight_tokens += 1
         return nxt
 
+    def _mixed_ahead(self, current: SchedulerOutput) -> SchedulerOutput | None:
+        """The next step after any step, scheduled before `current` is read, or None.
+
+        The running requests, in order, within the token budget: one that `current` samples for
+        (its prompt completes, or it decodes) gets its in-flight token as a one-token row fed on
+        the device; one whose prompt `current` only partly computes gets its next chunk from the
+        host. Each item's offset is what `current` computes for it. Then waiting requests are
+        admitted as a normal schedule admits them. None, for the normal schedule to run after
+        `current`, when a request needs what only the host has after `current` (penalties'
+        history, a grammar's matcher, prompt logprobs) or the pool is short: this never preempts.
+        A request `current` may stop on a token wastes its row, whose token is dropped, as with
+        _decode_ahead; one `current` surely ends by length is left out."""
+        head = self.waiting[0] if self.waiting else None
+        if head is not None and _needs_host_state(head):
+            return None
+        offsets = {id(item.request): item.num_tokens for item in current.scheduled}
+        nxt = SchedulerOutput(mixed_ahead=True)
+        budget, cap, kv = self.max_num_batched_tokens, self.chunk_cap, self.kv
+        fed_decodes: list[Request] = []  # fed, and decoding in `current`: allocated in one pass
+        others: list[tuple[Request, int]] = []  # (request, tokens to allocate past its computed)
+        needed = 0
+        for r in self.running:
+            if budget <= 0:
+                break
+            if _needs_host_state(r):
+                return None
+            offset = offsets.get(id(r), 0)
+            computed = r.num_computed_tokens + offset
+            known = len(r.prompt_token_ids) + len(r.output_token_ids)
+            if computed >= known:  # `current` samples its next token
+                if len(r.output_token_ids) + 1 >= r.output_limit:
+                    continue  # that is its last token
+                item = ScheduledRequest(r, 1, offset, fed=True)
+            else:
+                item = ScheduledRequest(r, min(known - computed, budget, cap), offset)
+            needed += kv.num_new_blocks(r, offset + item.num_tokens)
+            if item.fed and offset == 1:
+                fed_decodes.append(r)
+            else:
+                others.append((r, offset + item.num_tokens))
+            nxt.scheduled.append(item)
+            budget -= item.num_tokens
+        if needed > kv.block_pool.num_free_blocks:
+            return None
+        if fed_decodes and not kv.allocate_decode_slots(fed_decodes, 2):
+            return None
+        for r, num_new in others:
+            if kv.allocate_slots(r, num_new) is None:
+                return None  # (cache effects only: `needed` counted the blocks)
+        if budget > 0:
+            self._schedule_waiting(nxt, budget, time.monotonic(), ahead=True)
+        if not nxt.scheduled:
+            return None
+        for item in nxt.scheduled:
+            item.request.num_in_flight_tokens += item.num_tokens
+        return nxt
+
     def hash_next_admissions(self) -> None:
         """Hash the prompt blocks of the waiting requests the next schedule may admit (deferred
         from arrival, Request.defer_hashes), as far as a step's token budget reaches. EngineCore
@@ -188,10 +271,14 @@ class Scheduler:
                 request._update_block_hashes()
             budget -= num_tokens - request.num_computed_tokens
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, now: float, ahead: bool = False) -> None:
+        """Admit waiting requests in order while budget, seats and blocks last. ahead (a step
+        scheduled before the one in flight is read): stop at a request that needs host state."""
         held_back: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if ahead and _needs_host_state(request):
+                break
             if request.grammar is not None and not request.grammar.ready():
                 held_back.append(self.waiting.popleft())  # compiling: it takes no seat meanwhile
                 continue
@@ -253,7 +340,13 @@ class Scheduler:
         Returns the requests that produced a token this step; finished ones are already freed.
         """
         finished, length_capped = RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED
-        if out.ahead:
+        if out.mixed_ahead:
+            for item in out.scheduled:
+                request = item.request
+                request.num_in_flight_tokens -= item.num_tokens
+                if request.status < finished:  # else stopped or aborted since: its rows are dropped
+                    request.num_computed_tokens += item.num_tokens
+        elif out.ahead:
             for item in out.scheduled:
                 request = item.request
                 request.num_in_flight_tokens -= 1
@@ -326,3 +419,9 @@ class Scheduler:
         self.requests.pop(request.request_id, None)
         if self.first_child.get(request.parent_id) is request:
             del self.first_child[request.parent_id]
+
+
+def _needs_host_state(r: Request) -> bool:
+    """Whether scheduling r needs what the host only has once the step in flight is read: its
+    history for penalties, its grammar's matcher, or its prompt logprobs' progress."""
+    return r.needs_history or r.grammar is not None or r.wants_prompt_logprobs

@@ -124,6 +124,11 @@ class StepBatch:
     prompt_rows: list[tuple[Request, int, int, int]] = field(default_factory=list)
     layout: StageLayout | None = None  # where each field sits in the staged host array
     pad_seqs: int = 0  # >0: a decode step padded to this CUDA-graph bucket
+    # A step scheduled ahead of a mixed one: (row, request) of the rows whose input id is the
+    # step in flight's sample (the runner copies it in on the device), and per sampled row the
+    # tokens its request has in flight (1 for those rows, else 0).
+    fed_rows: list[tuple[int, Request]] = field(default_factory=list)
+    sample_pending: list[int] = field(default_factory=list)
 
 
 def _token_at(r: Request, index: int) -> int:
@@ -161,7 +166,7 @@ class BatchBuilder:
         # that token is still in flight, and the runner copies it into input_ids on the device.
         ahead = int(sched.ahead)
         batch = None
-        if num_tokens == num_seqs:
+        if num_tokens == num_seqs and not sched.mixed_ahead:
             batch = self._decode_rows([s.request for s in scheduled], kv, ahead, pad_seqs, pad_tokens)
         if batch is None:
             batch = self._mixed_rows(sched, kv, ahead, pad_seqs, pad_tokens)
@@ -223,13 +228,16 @@ class BatchBuilder:
         logits_rows: list[int] = []
         seq_lens: list[int] = []
         row0 = 0
+        mixed_ahead = sched.mixed_ahead
         for item in scheduled:
-            r, start = item.request, item.request.num_computed_tokens + ahead
+            r, start = item.request, item.request.num_computed_tokens + ahead + item.offset
             end = start + item.num_tokens
             seq_lens.append(end)
-            if end == r.num_tokens + ahead:
+            if end == r.num_tokens + ahead + item.fed:
                 logits_rows.append(row0 + item.num_tokens - 1)
                 batch.sample_requests.append(r)
+                if mixed_ahead:
+                    batch.sample_pending.append(int(item.fed))
             if r.wants_prompt_logprobs:
                 # Row p predicts prompt token p + 1; take the ones not reported yet.
                 first = max(start + 1, 1 + r.num_prompt_logprobs)
@@ -254,11 +262,13 @@ class BatchBuilder:
         # (W4 admits prompts beside up to 1,024 of them, and the GPU waits for this step).
         nd = len(decodes)
         if nd:
-            starts = [s.request.num_computed_tokens + ahead for s in scheduled[:nd]]
+            starts = [s.request.num_computed_tokens + ahead + s.offset for s in scheduled[:nd]]
             if ahead:
                 ids[:nd] = 0  # placeholders for the in-flight tokens
-            else:
-                ids[:nd] = [_token_at(s.request, start) for s, start in zip(scheduled[:nd], starts)]
+            else:  # (0 too for a fed row: the runner copies its token in)
+                ids[:nd] = [0 if s.fed else _token_at(s.request, start) for s, start in zip(scheduled[:nd], starts)]
+                if mixed_ahead:
+                    batch.fed_rows = [(i, s.request) for i, s in enumerate(scheduled[:nd]) if s.fed]
             p = np.array(starts, dtype=np.int64)
             pos[:nd] = p
             slots[:nd] = table[self._rows[:nd], p // bs].astype(np.int64) * bs + p % bs
@@ -268,7 +278,7 @@ class BatchBuilder:
         for i in range(nd, num_seqs):
             item = scheduled[i]
             r, n = item.request, item.num_tokens
-            start = r.num_computed_tokens + ahead
+            start = r.num_computed_tokens + ahead + item.offset
             p = np.arange(start, start + n)
             ids[row0 : row0 + n] = r.token_ids_slice(start, start + n)
             pos[row0 : row0 + n] = p

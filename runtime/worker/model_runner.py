@@ -280,6 +280,8 @@ class ModelRunner:
             self.on_staged(batch)
         if sched.ahead:
             self._feed_in_flight_tokens(sched, previous)
+        elif batch.fed_rows:
+            self._feed_rows(batch.fed_rows, previous)
         if pad is not None:
             return batch, self.graphs.run(pad)
         if bucket is not None:
@@ -305,6 +307,21 @@ class ModelRunner:
             # Not a blocking copy: that would wait for the step in flight, the very wait that
             # scheduling ahead removes.
             self.buffers.input_ids[:n].copy_(src[index_on(src.device, [rows[id(r)] for r in requests])])
+
+    def _feed_rows(self, fed: list[tuple[int, Request]], previous: PendingStep | None) -> None:
+        """Input ids of the fed rows of a step scheduled ahead of a mixed one: each its request's
+        sample in `previous`, copied on the device into that row."""
+        if previous is None or previous.device_token_ids is None:
+            raise RuntimeError("a step scheduled ahead needs the launched step it follows")
+        src, n = previous.device_token_ids, len(fed)
+        rows = {id(r): i for i, r in enumerate(previous.requests)}
+        dst = [row for row, _ in fed]
+        picked = [rows[id(r)] for _, r in fed]
+        if dst == picked == list(range(n)):
+            self.buffers.input_ids[:n].copy_(src[:n])
+        else:
+            dev = src.device
+            self.buffers.input_ids.index_copy_(0, index_on(dev, dst), src[index_on(dev, picked)])
 
     def forward_eager(
         self, num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int, num_decode_seqs: int = 0
@@ -353,13 +370,13 @@ class ModelRunner:
                 # The previous step's tokens will be appended by then: none is pending any more.
                 pending.sample_later = lambda: self._sample(pending, logits, 0)
             else:
-                self._sample(pending, logits, int(sched.ahead))
+                self._sample(pending, logits, batch.sample_pending if sched.mixed_ahead else int(sched.ahead))
         for r, row, first, last in batch.prompt_rows:
             out.prompt_logprobs[r.request_id] = self._prompt_logprobs(hidden, r, row, first, last)
         return pending
 
     @torch.inference_mode()  # a deferred sampling runs after launch() returned
-    def _sample(self, pending: PendingStep, logits: torch.Tensor, num_pending: int) -> None:
+    def _sample(self, pending: PendingStep, logits: torch.Tensor, num_pending: int | list[int]) -> None:
         """Sample the step's rows and start the copy of their ids to the host."""
         to_sample, out = pending.requests, pending.out
         tokens, logprobs = self.sampler.sample(logits, to_sample, pending=num_pending)

@@ -69,11 +69,12 @@ class Sampler:
         self._bitmask: torch.Tensor | None = None
 
     def sample(
-        self, logits: torch.Tensor, requests: list[Request], pending: int = 0
+        self, logits: torch.Tensor, requests: list[Request], pending: int | list[int] = 0
     ) -> tuple[torch.Tensor, list[TokenLogprobs | None]]:
         """The sampled ids as a device tensor (nothing read back yet, unless logprobs were asked
         for: those are host lists), and each row's logprobs or None. pending: output tokens each
-        request has in flight, not yet appended (1 for a step scheduled ahead)."""
+        request has in flight, not yet appended (1 for a step scheduled ahead; per row for one
+        scheduled ahead of a mixed step)."""
         if all(r.plain_greedy for r in requests):
             # The common offline case, in one pass over the rows: the general path below would
             # find every row greedy with nothing to mask, and take this very argmax.
@@ -88,6 +89,8 @@ class Sampler:
         raw_logprobs = None
         if logprob_rows:
             raw_logprobs = torch.log_softmax(logits[logprob_rows].float(), dim=-1)
+        if isinstance(pending, int):
+            pending = [pending] * len(requests)
         banned = self._stops_before_min_tokens(logits.shape[1], requests, pending)
         penalized = any(p.has_penalties for p in params)
         constrained = [i for i, p in enumerate(params) if p.constrains_tokens]
@@ -145,12 +148,12 @@ class Sampler:
         return self._bitmask[:n]
 
     @staticmethod
-    def _stops_before_min_tokens(vocab: int, requests: list[Request], pending: int) -> tuple[list, list]:
+    def _stops_before_min_tokens(vocab: int, requests: list[Request], pending: list[int]) -> tuple[list, list]:
         """(rows, token ids) of the stop tokens that may not be sampled yet (min_tokens), or ()."""
         rows, cols = [], []
         for i, r in enumerate(requests):
             p = r.sampling_params
-            if r.num_output_tokens + pending >= p.min_tokens:
+            if r.num_output_tokens + pending[i] >= p.min_tokens:
                 continue
             stop_ids = list(p.stop_token_ids)
             if r.eos_token_id is not None and not p.ignore_eos:
@@ -198,7 +201,7 @@ class Sampler:
             r.generator = self.rng.getrandbits(63)
         return r.generator
 
-    def _sample(self, logits: torch.Tensor, requests: list[Request], pending: int = 0) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, requests: list[Request], pending: list[int]) -> torch.Tensor:
         params = [r.sampling_params for r in requests]
         vocab = logits.shape[1]
         floats = torch.tensor(
@@ -213,7 +216,7 @@ class Sampler:
             [
                 [p.top_k for p in params],
                 [self._seed(r) for r in requests],
-                [r.num_output_tokens + pending for r in requests],
+                [r.num_output_tokens + k for r, k in zip(requests, pending)],
             ],
             dtype=torch.int64,
         ).to(logits.device, non_blocking=True)

@@ -1,5 +1,6 @@
-"""Async scheduling: a decode step launched before the previous step's tokens are read gives the
-very same tokens, stops and finish reasons as synchronous scheduling, and loses no KV block."""
+"""Async scheduling: a step launched before the previous step's tokens are read (a decode step
+after a decode step, or a mixed step that admits, prefills and decodes) gives the very same
+tokens, stops and finish reasons as synchronous scheduling, and loses no KV block."""
 
 from __future__ import annotations
 
@@ -54,11 +55,30 @@ def _count_ahead_launches(engine: LLMEngine) -> list[int]:
     launch = engine.runner.launch
 
     def counting(sched, kv, previous=None):
-        launches[0] += sched.ahead
+        launches[0] += sched.ahead or sched.mixed_ahead
         return launch(sched, kv, previous)
 
     engine.runner.launch = counting
     return launches
+
+
+def _count_launch_kinds(engine: LLMEngine) -> dict[str, int]:
+    """Launches by kind: decode ahead, mixed ahead (with and without prompt rows), synchronous."""
+    kinds = {"decode_ahead": 0, "mixed_ahead": 0, "mixed_ahead_prefill": 0, "sync": 0}
+    launch = engine.runner.launch
+
+    def counting(sched, kv, previous=None):
+        if sched.ahead:
+            kinds["decode_ahead"] += 1
+        elif sched.mixed_ahead:
+            kinds["mixed_ahead"] += 1
+            kinds["mixed_ahead_prefill"] += any(not item.fed for item in sched.scheduled)
+        else:
+            kinds["sync"] += 1
+        return launch(sched, kv, previous)
+
+    engine.runner.launch = counting
+    return kinds
 
 
 def test_async_scheduling_gives_the_synchronous_tokens(tiny_models):
@@ -175,7 +195,7 @@ def test_full_seats_that_only_length_can_free_keep_every_decode_step_ahead(tiny_
 
         def counting(sched, kv, previous=None):
             if sched.total_num_tokens == len(sched.scheduled):
-                kinds.append(sched.ahead)
+                kinds.append(sched.ahead or sched.mixed_ahead)
             return launch(sched, kv, previous)
 
         engine.runner.launch = counting
@@ -193,3 +213,28 @@ def test_full_seats_that_only_length_can_free_keep_every_decode_step_ahead(tiny_
     assert got == sync
     # Three waves of four seats (10 requests): a synchronous decode step only where one ends.
     assert kinds.count(False) <= 4 and kinds.count(True) >= 20, kinds
+
+
+def test_admissions_and_prefill_chunks_are_scheduled_ahead(tiny_models):
+    """More requests than seats, prompts longer than the step budget: steps ahead admit requests,
+    continue prefill chunks and feed the decodes sampled in flight, and the tokens (seeded
+    sampling and stop tokens included) are the synchronous run's."""
+    prompts = make_prompts(seed=37, lengths=[40, 9, 33, 70, 12, 25, 51, 18, 7, 44])
+    kwargs = dict(max_num_seqs=4, max_num_batched_tokens=32)
+    sync = _run(_engine(tiny_models["llama"], False, **kwargs), prompts, stop_token=11)
+    engine = _engine(tiny_models["llama"], True, **kwargs)
+    kinds = _count_launch_kinds(engine)
+    assert _run(engine, prompts, stop_token=11) == sync
+    assert kinds["mixed_ahead_prefill"] >= 5, kinds
+    # Every launch but the first (nothing in flight yet) and the rare fallback overlaps the one before.
+    assert kinds["sync"] <= 3, kinds
+
+
+def test_mixed_steps_ahead_off_keeps_them_synchronous(tiny_models):
+    prompts = make_prompts(seed=38, lengths=[30, 9, 21])
+    engine = _engine(tiny_models["llama"], True, max_num_batched_tokens=16)
+    engine.scheduler.mixed_ahead = False
+    kinds = _count_launch_kinds(engine)
+    got = _run(engine, prompts, stop_token=11)
+    assert kinds["mixed_ahead"] == 0 and kinds["sync"] >= 3, kinds
+    assert got == _run(_engine(tiny_models["llama"], False, max_num_batched_tokens=16), prompts, stop_token=11)

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Mixed steps scheduled ahead (Scheduler._mixed_ahead), on one H200 in one device call: W4's GPU
+# busy share (profiler, 1,024 prompts at 1,024 seats) with mixed steps ahead and without
+# (scheduler.MIXED_AHEAD, an A/B in one process each), W1 both ways, W2, then W3 at 16 req/s
+# against `pagoda serve` (the default: mixed steps ahead), twice.
+#
+#   bash e2e/run_mixed_ahead.sh OUT_DIR [STAGE...]     STAGEs (default: w4 w1 w2 w3), in order
+#
+# Needs e2e/gpu_env.sh's set-up (the carried .whl/) and PAGODA_COMMIT. OUT_DIR/all.tgz is
+# re-packed after every stage, so a call cut off by its limit still brings back what finished.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?OUT_DIR}
+shift || true
+STAGES=("$@")
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(w4 w1 w2 w3)
+RES="$OUT/res"
+mkdir -p "$RES"
+# shellcheck disable=SC1091
+source e2e/gpu_env.sh
+PY=${PYTHON:-python3}
+pack() { tar -C "$OUT" -czf "$OUT/all.tgz.tmp" res && mv "$OUT/all.tgz.tmp" "$OUT/all.tgz"; }
+stage() {  # NAME CMD...: run, log, re-pack
+    local name=$1; shift
+    echo "=== $name ($(date -u +%H:%M:%S))"
+    "$@" > "$RES/$name.log" 2>&1 || echo "stage $name failed: rc=$?" | tee -a "$RES/$name.log"
+    grep -E "tok/s|TPOT|busy|TTFT" "$RES/$name.log" | grep -v Warning | tail -n 4
+    pack
+}
+pagoda() {  # ON|OFF ARGS...: the CLI with scheduler.MIXED_AHEAD set, in this process
+    local on=$1; shift
+    "$PY" -c "import sys; import pagoda.runtime.core.scheduler as s; s.MIXED_AHEAD = '$on' == 'on'
+from pagoda.runtime.cli import main; sys.exit(main(sys.argv[1:]))" "$@"
+}
+w3() {  # W3 at 16 req/s, twice, against one server
+    local model port=8321 pid rc=0
+    model=$("$PY" -m pagoda.runtime.cli bench model w1 | tail -n 1)
+    "$PY" -m pagoda.runtime.cli serve "$model" --host 127.0.0.1 --port $port --load-format dummy \
+        --max-model-len 2048 --served-model-name w1 --log-level warning > "$RES/w3-server.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 150); do
+        "$PY" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=5)" 2>/dev/null && break
+        kill -0 $pid 2>/dev/null || { echo "server exited"; return 1; }
+        sleep 2
+    done
+    for seed in 0 7919; do
+        "$PY" -m pagoda.runtime.cli bench serve --base-url "http://127.0.0.1:$port" --model w1 --prompt-format ids \
+            --request-rate 16 --num-prompts "${W3_NUM_PROMPTS:-256}" --seed $seed --no-progress --out "$RES/w3" || rc=$?
+    done
+    grep -c "after start-up" "$RES/w3-server.log" | sed 's/^/compile warnings after start-up: /'
+    kill $pid
+    return $rc
+}
+for s in "${STAGES[@]}"; do
+    case $s in
+        w4) stage w4-on timeout 150 pagoda on bench throughput --workload W4 --backend pagoda --gpu-busy 1024 --out "$RES/on"
+            stage w4-off timeout 150 pagoda off bench throughput --workload W4 --backend pagoda --gpu-busy 1024 --out "$RES/off" ;;
+        w1) stage w1-on timeout 150 pagoda on bench throughput --workload W1 --backend pagoda --out "$RES/on"
+            stage w1-off timeout 150 pagoda off bench throughput --workload W1 --backend pagoda --out "$RES/off" ;;
+        w2) stage w2 timeout 120 pagoda on bench latency --backend pagoda --model w1 --out "$RES/on" ;;
+        w3) stage w3 timeout 300 w3 ;;
+        *) echo "unknown stage $s" >&2 ;;
+    esac
+done
+rm -f "$RES"/*/*.png
+pack
+ls -R "$RES" | head -40
