@@ -53,12 +53,12 @@ w3() {  # W3 at 16 req/s, twice, against one server
 }
 for s in "${STAGES[@]}"; do
     case $s in
-        w4) stage w4-on timeout 150 pagoda on bench throughput --workload W4 --backend pagoda --gpu-busy 1024 --out "$RES/on"
-            stage w4-off timeout 150 pagoda off bench throughput --workload W4 --backend pagoda --gpu-busy 1024 --out "$RES/off" ;;
-        w1) stage w1-on timeout 150 pagoda on bench throughput --workload W1 --backend pagoda --out "$RES/on"
-            stage w1-off timeout 150 pagoda off bench throughput --workload W1 --backend pagoda --out "$RES/off" ;;
-        w2) stage w2 timeout 120 pagoda on bench latency --backend pagoda --model w1 --out "$RES/on" ;;
-        w3) stage w3 timeout 300 w3 ;;
+        w4) stage w4-on pagoda on bench throughput --workload W4 --backend pagoda --gpu-busy 1024 --out "$RES/on"
+            stage w4-off pagoda off bench throughput --workload W4 --backend pagoda --gpu-busy 1024 --out "$RES/off" ;;
+        w1) stage w1-on pagoda on bench throughput --workload W1 --backend pagoda --out "$RES/on"
+            stage w1-off pagoda off bench throughput --workload W1 --backend pagoda --out "$RES/off" ;;
+        w2) stage w2 pagoda on bench latency --backend pagoda --model w1 --out "$RES/on" ;;
+        w3) stage w3 w3 ;;
         *) echo "unknown stage $s" >&2 ;;
     esac
 done

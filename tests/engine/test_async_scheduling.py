@@ -4,6 +4,8 @@ tokens, stops and finish reasons as synchronous scheduling, and loses no KV bloc
 
 from __future__ import annotations
 
+import pytest
+
 from pagoda.runtime import SamplingParams
 from pagoda.runtime.engine_args import EngineArgs
 from pagoda.runtime.frontend.llm_engine import LLMEngine
@@ -11,10 +13,13 @@ from pagoda.runtime.frontend.llm_engine import LLMEngine
 from .conftest import make_prompts
 
 
-def _engine(path: str, async_scheduling: bool, **kwargs) -> LLMEngine:
+def _engine(path: str, async_scheduling: bool, mixed_ahead: bool = False, **kwargs) -> LLMEngine:
+    """mixed_ahead: mixed steps scheduled ahead too (Scheduler._mixed_ahead), off by default."""
     args = dict(model=path, block_size=8, max_model_len=128, device="cpu", max_num_seqs=8,
                 async_scheduling=async_scheduling)
-    return LLMEngine(EngineArgs(**(args | kwargs)))
+    engine = LLMEngine(EngineArgs(**(args | kwargs)))
+    engine.scheduler.mixed_ahead = mixed_ahead
+    return engine
 
 
 def _params(i: int, stop_token: int) -> SamplingParams:
@@ -81,7 +86,8 @@ def _count_launch_kinds(engine: LLMEngine) -> dict[str, int]:
     return kinds
 
 
-def test_async_scheduling_gives_the_synchronous_tokens(tiny_models):
+@pytest.mark.parametrize("mixed_ahead", [False, True])
+def test_async_scheduling_gives_the_synchronous_tokens(tiny_models, mixed_ahead):
     prompts = make_prompts(seed=31)[:10]
     # A stop token the greedy requests actually produce: the 4th token of request 2's sync run.
     probe = _engine(tiny_models["llama"], False)
@@ -91,40 +97,43 @@ def test_async_scheduling_gives_the_synchronous_tokens(tiny_models):
         if outs and outs[-1].finished:
             stop_token = outs[-1].outputs[0].token_ids[3]
     sync = _run(_engine(tiny_models["llama"], False, max_num_seqs=16), prompts, stop_token)
-    engine = _engine(tiny_models["llama"], True, max_num_seqs=16)
+    engine = _engine(tiny_models["llama"], True, mixed_ahead, max_num_seqs=16)
     launches = _count_ahead_launches(engine)
     assert _run(engine, prompts, stop_token) == sync
     assert launches[0] > 10  # the ahead path ran, not just the fallback
     assert sync["2"][0][1:] == ("stop", stop_token)  # a row scheduled ahead was dropped
 
 
-def test_requests_waiting_for_a_seat_get_the_same_tokens(tiny_models):
+@pytest.mark.parametrize("mixed_ahead", [False, True])
+def test_requests_waiting_for_a_seat_get_the_same_tokens(tiny_models, mixed_ahead):
     # Ten requests (twelve sequences) through four seats: admissions alternate with steps ahead.
     prompts = make_prompts(seed=34)[:10]
     sync = _run(_engine(tiny_models["mistral"], False, max_num_seqs=4), prompts, stop_token=9)
-    engine = _engine(tiny_models["mistral"], True, max_num_seqs=4)
+    engine = _engine(tiny_models["mistral"], True, mixed_ahead, max_num_seqs=4)
     launches = _count_ahead_launches(engine)
     assert _run(engine, prompts, stop_token=9) == sync
     assert launches[0] > 5
 
 
-def test_a_short_pool_preempts_the_same_way(tiny_models):
+@pytest.mark.parametrize("mixed_ahead", [False, True])
+def test_a_short_pool_preempts_the_same_way(tiny_models, mixed_ahead):
     # 18 blocks of 8 slots for 6 requests that grow past them: preemptions, and steps ahead that
     # do not fit and fall back to a synchronous schedule without holding blocks early.
     prompts = make_prompts(seed=35, lengths=[20, 9, 17, 30, 12, 25])
     sync_engine = _engine(tiny_models["llama"], False, num_kv_blocks=18)
     sync = _run(sync_engine, prompts, stop_token=11)
-    engine = _engine(tiny_models["llama"], True, num_kv_blocks=18)
+    engine = _engine(tiny_models["llama"], True, mixed_ahead, num_kv_blocks=18)
     launches = _count_ahead_launches(engine)
     assert _run(engine, prompts, stop_token=11) == sync
     assert sync_engine.scheduler.num_preemptions > 0 and engine.scheduler.num_preemptions > 0
     assert launches[0] > 0
 
 
-def test_abort_while_a_step_is_in_flight(tiny_models):
+@pytest.mark.parametrize("mixed_ahead", [False, True])
+def test_abort_while_a_step_is_in_flight(tiny_models, mixed_ahead):
     prompts = make_prompts(seed=32)[:8]
     sync = _run(_engine(tiny_models["qwen2"], False), prompts, stop_token=7, abort_at=3)
-    engine = _engine(tiny_models["qwen2"], True)
+    engine = _engine(tiny_models["qwen2"], True, mixed_ahead)
     launches = _count_ahead_launches(engine)
     got = _run(engine, prompts, stop_token=7, abort_at=3)
     assert launches[0] > 0
@@ -222,7 +231,7 @@ def test_admissions_and_prefill_chunks_are_scheduled_ahead(tiny_models):
     prompts = make_prompts(seed=37, lengths=[40, 9, 33, 70, 12, 25, 51, 18, 7, 44])
     kwargs = dict(max_num_seqs=4, max_num_batched_tokens=32)
     sync = _run(_engine(tiny_models["llama"], False, **kwargs), prompts, stop_token=11)
-    engine = _engine(tiny_models["llama"], True, **kwargs)
+    engine = _engine(tiny_models["llama"], True, mixed_ahead=True, **kwargs)
     kinds = _count_launch_kinds(engine)
     assert _run(engine, prompts, stop_token=11) == sync
     assert kinds["mixed_ahead_prefill"] >= 5, kinds
@@ -232,8 +241,7 @@ def test_admissions_and_prefill_chunks_are_scheduled_ahead(tiny_models):
 
 def test_mixed_steps_ahead_off_keeps_them_synchronous(tiny_models):
     prompts = make_prompts(seed=38, lengths=[30, 9, 21])
-    engine = _engine(tiny_models["llama"], True, max_num_batched_tokens=16)
-    engine.scheduler.mixed_ahead = False
+    engine = _engine(tiny_models["llama"], True, mixed_ahead=False, max_num_batched_tokens=16)
     kinds = _count_launch_kinds(engine)
     got = _run(engine, prompts, stop_token=11)
     assert kinds["mixed_ahead"] == 0 and kinds["sync"] >= 3, kinds
