@@ -1,7 +1,7 @@
 """W4's host path on the CPU: what one engine step costs the host when the GPU takes no time.
 
     python e2e/host_path_bench.py --out DIR [--seats 256 1024] [--num-prompts 1024] [--repeat 3]
-                                  [--cprofile] [--stages]
+                                  [--cprofile] [--stages] [--mixed-ahead on|off]
 
 The real LLM frontend, InputProcessor, OutputProcessor, scheduler, KV manager, ModelRunner (batch
 builder, input buffers, decode-graph padding, sampler bookkeeping) run W4's requests (the 0.5B
@@ -16,7 +16,8 @@ all decode steps: total time of those LLMEngine.step calls / decode launches), p
 step, and the same for steps with prefill rows: wall, step-thread CPU and process CPU time (the
 last also counts what other threads did for the step, e.g. tokenizers' decode_batch). `--stages`
 adds a table of the time in each part of the step (timers around the main functions; they add a
-little overhead), `--cprofile` a cProfile table of one run. The machine is shared: each setting
+little overhead), `--cprofile` a cProfile table of one run, `--mixed-ahead on` schedules mixed steps ahead too
+(scheduler.MIXED_AHEAD; the file name then ends in -mixed-ahead). The machine is shared: each setting
 runs --repeat times and the JSON holds every run, the median and the load average. Writes
 host-path-<commit>.json.
 """
@@ -39,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from pagoda.runtime.core import engine_core
+from pagoda.runtime.core import engine_core, scheduler
 from pagoda.runtime.frontend.llm import LLM
 from pagoda.runtime.sampling_params import SamplingParams
 from pagoda.runtime.tools.bench import workloads
@@ -282,10 +283,14 @@ def main() -> int:
     p.add_argument("--num-kv-blocks", type=int, default=80000)
     p.add_argument("--stages", action="store_true", help="a per-stage time table (one more run per seat count)")
     p.add_argument("--cprofile", action="store_true", help="a cProfile table (one more run per seat count)")
+    p.add_argument("--mixed-ahead", choices=["on", "off"], default="off",
+                   help="schedule mixed steps ahead too (Scheduler._mixed_ahead), as an A/B")
     args = p.parse_args()
+    scheduler.MIXED_AHEAD = args.mixed_ahead == "on"
     torch.set_num_threads(1)
     result = {"commit": commit(), "python": sys.version.split()[0], "torch": torch.__version__,
-              "num_prompts": args.num_prompts, "output_len": args.output_len, "load_before": load(), "seats": {}}
+              "num_prompts": args.num_prompts, "output_len": args.output_len, "load_before": load(),
+              "mixed_ahead": scheduler.MIXED_AHEAD, "seats": {}}
     for seats in args.seats:
         llm = build_llm(seats, args.num_kv_blocks)
         warm = [r.prompt_token_ids for r in workloads.offline_requests(min(args.num_prompts, seats), 8, seed=1)]
@@ -337,7 +342,7 @@ def main() -> int:
     result["load_after"] = load()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"host-path-{result['commit']}.json"
+    path = out / f"host-path-{result['commit']}{'-mixed-ahead' if scheduler.MIXED_AHEAD else ''}.json"
     path.write_text(json.dumps(result, indent=1))
     print("wrote", path)
     return 0
