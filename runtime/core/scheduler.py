@@ -19,9 +19,8 @@ from pagoda.runtime.core.request import Request, RequestStatus
 
 # Whether schedule_ahead schedules mixed steps too (admissions, prefill chunks), or only a decode
 # step after a decode step. A module switch for e2e A/B runs in one process; the engine has no flag.
-# Off: on the H200 at 2fbf50d it made W4 slower (85.7k against 90.8k tok/s; PERF_NOTES, "Mixed
-# steps scheduled ahead"), because its per-row scheduling and the generic mixed-row builder cost
-# more host time than the overlap saves. It also holds a sliding window's blocks one step longer.
+# Off: on the H200 at 2fbf50d it showed no gain on W4 (0.94x, inside the run-to-run spread), and
+# it holds a sliding window's blocks a step longer (PERF_NOTES, "Mixed steps scheduled ahead").
 MIXED_AHEAD = False
 
 
