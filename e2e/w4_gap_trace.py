@@ -1,13 +1,15 @@
 """What the host does while the GPU idles in W4's admission phase (issue 16's busy share).
 
     python e2e/w4_gap_trace.py --out DIR [--seats 1024] [--num-prompts 1024] [--output-len 4]
+                               [--mixed-ahead on|off]
 
 W4's prompts at few output tokens, so nearly every step is a mixed (admission) step, under
 torch.profiler twice: once plain, once with Python stacks. From each trace it takes the GPU's busy
 intervals (kernels, copies, memsets), the gaps between them longer than --min-gap-ms, and, summed
 over all gaps, how long each host event overlapped them: CUDA runtime calls and aten ops in the
 plain run, Python functions in the stacked one (their time is inflated by the stack recording, so
-read them as a ranking). Writes w4-gaps-<commit>.json; the traces themselves stay on the machine.
+read them as a ranking). `--mixed-ahead on` schedules mixed steps ahead too (scheduler.MIXED_AHEAD).
+Writes w4-gaps-<commit>.json (-mixed-ahead.json with it on); the traces stay on the machine.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from pagoda.runtime.core import scheduler
 from pagoda.runtime.frontend.llm import LLM
 from pagoda.runtime.sampling_params import SamplingParams
 from pagoda.runtime.tools.bench import workloads
@@ -83,7 +86,9 @@ def main() -> int:
     p.add_argument("--output-len", type=int, default=4)
     p.add_argument("--min-gap-ms", type=float, default=0.5)
     p.add_argument("--top", type=int, default=40)
+    p.add_argument("--mixed-ahead", choices=["on", "off"], default="off")
     args = p.parse_args()
+    scheduler.MIXED_AHEAD = args.mixed_ahead == "on"
     llm = LLM(model=str(workloads.resolve_model("w4")), load_format="dummy", max_model_len=2048,
               max_num_seqs=args.seats, seed=0)
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
@@ -92,7 +97,7 @@ def main() -> int:
     llm.generate(prompt_token_ids=warm, sampling_params=params, use_tqdm=False)
     result = {"commit": os.environ.get("PAGODA_COMMIT", "unknown"), "gpu": torch.cuda.get_device_name(),
               "seats": args.seats, "num_prompts": args.num_prompts, "output_len": args.output_len,
-              "min_gap_ms": args.min_gap_ms}
+              "min_gap_ms": args.min_gap_ms, "mixed_ahead": scheduler.MIXED_AHEAD}
     tmp = Path(tempfile.mkdtemp(prefix="w4-gaps-"))
     for name, stack, cats in (("plain", False, {"cpu_op", "cuda_runtime", "cuda_driver"}),
                               ("python", True, {"python_function"})):
@@ -110,7 +115,7 @@ def main() -> int:
             print(f"   {row['ms']:9.2f} ms {row['events']:7d}  {row['name'][:150]}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"w4-gaps-{result['commit']}.json"
+    path = out / f"w4-gaps-{result['commit']}{'-mixed-ahead' if scheduler.MIXED_AHEAD else ''}.json"
     path.write_text(json.dumps(result, indent=1))
     print("wrote", path)
     return 0
