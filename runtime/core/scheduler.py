@@ -196,7 +196,7 @@ class Scheduler:
             return None  # (or `current` frees seats: the next schedule admits)
         # Room for the in-flight token and the next one, for all or none: a partial allocation
         # would hold blocks a step early for requests that then run synchronously.
-        if not self.kv.allocate_decode_slots([item.request for item in scheduled], 2):
+        if not self.kv.allocate_decode_slots([item.request for item in scheduled], 2, in_flight=1):
             return None
         for item in scheduled:
             item.request.num_in_flight_tokens += 1
@@ -221,7 +221,7 @@ class Scheduler:
         nxt = SchedulerOutput(mixed_ahead=True)
         budget, cap, kv = self.max_num_batched_tokens, self.chunk_cap, self.kv
         fed_decodes: list[Request] = []  # fed, and decoding in `current`: allocated in one pass
-        others: list[tuple[Request, int]] = []  # (request, tokens to allocate past its computed)
+        others: list[tuple[Request, int, int]] = []  # (request, tokens past its computed, of them in flight)
         needed = 0
         for r in self.running:
             if budget <= 0:
@@ -241,15 +241,15 @@ class Scheduler:
             if item.fed and offset == 1:
                 fed_decodes.append(r)
             else:
-                others.append((r, offset + item.num_tokens))
+                others.append((r, offset + item.num_tokens, offset))
             nxt.scheduled.append(item)
             budget -= item.num_tokens
         if needed > kv.block_pool.num_free_blocks:
             return None
-        if fed_decodes and not kv.allocate_decode_slots(fed_decodes, 2):
+        if fed_decodes and not kv.allocate_decode_slots(fed_decodes, 2, in_flight=1):
             return None
-        for r, num_new in others:
-            if kv.allocate_slots(r, num_new) is None:
+        for r, num_new, offset in others:
+            if kv.allocate_slots(r, num_new, in_flight=offset) is None:
                 return None  # (cache effects only: `needed` counted the blocks)
         if budget > 0:
             self._schedule_waiting(nxt, budget, time.monotonic(), ahead=True)

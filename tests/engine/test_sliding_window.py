@@ -20,6 +20,10 @@ SETUPS = {
     # 128-token sequences need 16 blocks each without the window; 8 hold one with it (12 + a
     # 12-token chunk), so 8 blocks serve 16 prompts, with preemption on the way.
     "small_pool": dict(num_kv_blocks=8, max_num_batched_tokens=12),
+    # Mixed steps scheduled ahead (Scheduler._mixed_ahead): the window moves past the tokens in
+    # flight, so a request holds no more blocks than when each step waits for the one before.
+    "chunked_prefill_mixed_ahead": dict(max_num_batched_tokens=12, mixed_ahead=True),
+    "small_pool_mixed_ahead": dict(num_kv_blocks=8, max_num_batched_tokens=12, mixed_ahead=True),
 }
 
 
@@ -30,9 +34,18 @@ def local_model(tmp_path_factory) -> str:
     return str(build_tiny_model(root / "mistral_swa", "mistral", extra={"sliding_window": WINDOW}))
 
 
-def generate(path, prompts, **kwargs):
+def generate(path, prompts, mixed_ahead=False, **kwargs):
     llm = LLM(path, block_size=BLOCK, max_model_len=128, device="cpu", **kwargs)
     engine, kv = llm.llm_engine, llm.llm_engine.kv_cache_manager
+    engine.scheduler.mixed_ahead = mixed_ahead
+    launches = {"mixed_ahead": 0}
+    launch = engine.runner.launch
+
+    def counting(sched, kv_manager, previous=None):
+        launches["mixed_ahead"] += sched.mixed_ahead
+        return launch(sched, kv_manager, previous)
+
+    engine.runner.launch = counting
     for i, p in enumerate(prompts):
         engine.add_request(str(i), None, p, GREEDY)
     held = {"any": 0, "decoding": 0}  # the most blocks one request held, overall and once decoding
@@ -46,6 +59,7 @@ def generate(path, prompts, **kwargs):
             if r.num_computed_tokens > r.num_prompt_tokens:  # a decode step was allocated since
                 held["decoding"] = max(held["decoding"], kv.num_live_blocks(r))
     assert kv.block_pool.num_free_blocks == kv.num_blocks  # everything came back
+    assert (launches["mixed_ahead"] > 0) == mixed_ahead, launches
     return llm, [outs[str(i)] for i in range(len(prompts))], held
 
 
@@ -62,7 +76,7 @@ def test_window_shorter_than_the_prompt_matches_transformers(local_model, hf, se
     assert held["decoding"] <= -(-WINDOW // BLOCK) + 1 == 3
     if "max_num_batched_tokens" in SETUPS[setup]:
         assert held["any"] <= -(-(WINDOW - 1 + 12) // BLOCK) + 1
-    if setup == "small_pool":
+    if setup.startswith("small_pool"):
         assert llm.llm_engine.stats().num_preemptions > 0
 
 

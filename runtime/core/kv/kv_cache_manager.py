@@ -78,27 +78,30 @@ class KVCacheManager:
         return blocks, len(blocks) * self.block_size
 
     def allocate_slots(
-        self, request: Request, num_new_tokens: int, new_computed_blocks: list[KVBlock] | None = None
+        self, request: Request, num_new_tokens: int, new_computed_blocks: list[KVBlock] | None = None,
+        in_flight: int = 0,
     ) -> list[KVBlock] | None:
         """Give the request room for num_new_tokens more tokens; None (and no change) if it can't.
 
         new_computed_blocks are prefix-cache hits for a request being scheduled for the first time;
-        its num_computed_tokens must not yet count them.
+        its num_computed_tokens must not yet count them. in_flight: of num_new_tokens, those the
+        step on the GPU computes (a step scheduled ahead): the window moves past them too.
         """
         if self.sliding_window is not None:
-            self._drop_out_of_window(request)
+            self._drop_out_of_window(request, in_flight)
         if not new_computed_blocks and self._has_room(request, num_new_tokens):
             return []
         return self._allocate(request, num_new_tokens, new_computed_blocks or [])
 
-    def _drop_out_of_window(self, request: Request) -> None:
+    def _drop_out_of_window(self, request: Request, in_flight: int = 0) -> None:
         """Give back the blocks that lie wholly before the window of the request's next query
-        (position num_computed_tokens, which sees from num_computed_tokens - window + 1 on: the
-        same bound the attention kernels start their reads at)."""
+        (position num_computed_tokens + in_flight, which sees from there - window + 1 on: the
+        same bound the attention kernels start their reads at). A block the step in flight still
+        reads may go: whatever reuses it is written by a later step on the same stream."""
         blocks = self.req_to_blocks.get(request.request_id)
         if not blocks:
             return
-        first_needed = max(0, request.num_computed_tokens - self.sliding_window + 1) // self.block_size
+        first_needed = max(0, request.num_computed_tokens + in_flight - self.sliding_window + 1) // self.block_size
         start = self.num_dropped_blocks.get(request.request_id, 0)
         if first_needed <= start:
             return
@@ -125,15 +128,16 @@ class KVCacheManager:
             request.request_id, 0
         )
 
-    def allocate_decode_slots(self, requests: list[Request], num_new_tokens: int) -> bool:
-        """allocate_slots(r, num_new_tokens) for every running request, or for none (False) when
-        the pool cannot give them all their new blocks. Most requests have room already (_has_room,
-        inlined: one pass per step over every running request), so only the rest are allocated."""
+    def allocate_decode_slots(self, requests: list[Request], num_new_tokens: int, in_flight: int = 0) -> bool:
+        """allocate_slots(r, num_new_tokens, in_flight=in_flight) for every running request, or for
+        none (False) when the pool cannot give them all their new blocks. Most requests have room
+        already (_has_room, inlined: one pass per step over every running request), so only the
+        rest are allocated."""
         if self.sliding_window is not None:
             if sum(self.num_new_blocks(r, num_new_tokens) for r in requests) > self.block_pool.num_free_blocks:
                 return False
             for r in requests:
-                self.allocate_slots(r, num_new_tokens)
+                self.allocate_slots(r, num_new_tokens, in_flight=in_flight)
             return True
         bs, tables, num_cached = self.block_size, self.req_to_blocks, self.num_cached_blocks
         rest, needed = [], 0
