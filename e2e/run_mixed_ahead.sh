@@ -2,10 +2,10 @@
 # Mixed steps scheduled ahead (Scheduler._mixed_ahead), on one H200 in one device call: W4's GPU
 # busy share (profiler, 1,024 prompts at 1,024 seats) with mixed steps ahead and without
 # (scheduler.MIXED_AHEAD, an A/B in one process each, interleaved W4_ROUNDS times: one W4 run's
-# spread is 5-20%), the admission-phase gap trace both ways, W1 both ways, W2, then W3 at 16 req/s
+# spread is 5-20%), the gap trace both ways (admission phase; whole run), W1 both ways, W2, then W3 at 16 req/s
 # against `pagoda serve` (the default: no mixed steps ahead), twice.
 #
-#   bash e2e/run_mixed_ahead.sh OUT_DIR [STAGE...]     STAGEs (default: w4 gaps w1 w2 w3), in order
+#   bash e2e/run_mixed_ahead.sh OUT_DIR [STAGE...]     STAGEs (default: w4 gaps gaps-full w1 w2 w3), in order
 #
 # Needs e2e/gpu_env.sh's set-up (the carried .whl/) and PAGODA_COMMIT. OUT_DIR/all.tgz is
 # re-packed after every stage, so a call cut off by its limit still brings back what finished.
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:?OUT_DIR}
 shift || true
 STAGES=("$@")
-[ ${#STAGES[@]} -eq 0 ] && STAGES=(w4 gaps w1 w2 w3)
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(w4 gaps gaps-full w1 w2 w3)
 RES="$OUT/res"
 mkdir -p "$RES"
 # shellcheck disable=SC1091
@@ -60,6 +60,9 @@ for s in "${STAGES[@]}"; do
             done ;;
         gaps) stage gaps-on "$PY" e2e/w4_gap_trace.py --out "$RES/gaps" --mixed-ahead on
               stage gaps-off "$PY" e2e/w4_gap_trace.py --out "$RES/gaps" --mixed-ahead off ;;
+        gaps-full)  # the whole of W4 (256 output tokens): where over the run the idle time sits
+            stage gaps-full-on "$PY" e2e/w4_gap_trace.py --out "$RES/gaps-full" --output-len 256 --traces plain --mixed-ahead on
+            stage gaps-full-off "$PY" e2e/w4_gap_trace.py --out "$RES/gaps-full" --output-len 256 --traces plain --mixed-ahead off ;;
         w1) stage w1-on pagoda on bench throughput --workload W1 --backend pagoda --out "$RES/on"
             stage w1-off pagoda off bench throughput --workload W1 --backend pagoda --out "$RES/off" ;;
         w2) stage w2 pagoda on bench latency --backend pagoda --model w1 --out "$RES/on" ;;

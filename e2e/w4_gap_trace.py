@@ -1,7 +1,7 @@
 """What the host does while the GPU idles in W4's admission phase (issue 16's busy share).
 
     python e2e/w4_gap_trace.py --out DIR [--seats 1024] [--num-prompts 1024] [--output-len 4]
-                               [--mixed-ahead on|off]
+                               [--mixed-ahead on|off] [--traces plain python]
 
 W4's prompts at few output tokens, so nearly every step is a mixed (admission) step, under
 torch.profiler twice: once plain, once with Python stacks. From each trace it takes the GPU's busy
@@ -70,8 +70,18 @@ def gap_report(trace: Path, host_cats: set[str], min_gap_us: float, top: int) ->
     wall = busy[-1][1] - busy[0][0]
     busy_us = sum(b - a for a, b in busy)
     ranked = sorted(overlap.items(), key=lambda kv: -kv[1])[:top]
+    # Where in the run the idle time sits: before the first GPU event (requests added, the first
+    # schedule), after the last, and the gaps by tenth of the window (admission phase first, the
+    # waves' ends later), which the whole-run busy share of `bench --gpu-busy` sums up.
+    first = min(e["ts"] for e in events)
+    last = max(e["ts"] + e.get("dur", 0) for e in events)
+    tenths = [0.0] * 10
+    for a, b in gaps:
+        tenths[min(9, int(10 * (a - busy[0][0]) / wall))] += b - a
     return {
         "window_ms": round(wall / 1e3, 2), "gpu_busy_share": round(busy_us / wall, 4),
+        "lead_ms": round((busy[0][0] - first) / 1e3, 2), "tail_ms": round((last - busy[-1][1]) / 1e3, 2),
+        "gap_ms_by_tenth": [round(t / 1e3, 2) for t in tenths],
         "gaps": len(gaps), "gap_ms_total": round(sum(b - a for a, b in gaps) / 1e3, 2),
         "gap_ms_largest": sorted((round((b - a) / 1e3, 2) for a, b in gaps), reverse=True)[:20],
         "host_in_gaps": [{"name": n[:200], "ms": round(us / 1e3, 2), "events": calls[n]} for n, us in ranked],
@@ -87,6 +97,8 @@ def main() -> int:
     p.add_argument("--min-gap-ms", type=float, default=0.5)
     p.add_argument("--top", type=int, default=40)
     p.add_argument("--mixed-ahead", choices=["on", "off"], default="off")
+    p.add_argument("--traces", nargs="+", choices=["plain", "python"], default=["plain", "python"],
+                   help="which profiles to take (a whole W4 run with Python stacks is a very large trace)")
     args = p.parse_args()
     scheduler.MIXED_AHEAD = args.mixed_ahead == "on"
     llm = LLM(model=str(workloads.resolve_model("w4")), load_format="dummy", max_model_len=2048,
@@ -101,6 +113,8 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="w4-gaps-"))
     for name, stack, cats in (("plain", False, {"cpu_op", "cuda_runtime", "cuda_driver"}),
                               ("python", True, {"python_function"})):
+        if name not in args.traces:
+            continue
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=stack) as prof:
             llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
@@ -110,7 +124,8 @@ def main() -> int:
         result[name] = gap_report(trace, cats, args.min_gap_ms * 1e3, args.top)
         r = result[name]
         print(f"{name}: busy {r.get('gpu_busy_share')} of {r.get('window_ms')} ms, {r.get('gaps')} gaps, "
-              f"{r.get('gap_ms_total')} ms; largest {r.get('gap_ms_largest', [])[:8]}", flush=True)
+              f"{r.get('gap_ms_total')} ms; largest {r.get('gap_ms_largest', [])[:8]}; lead {r.get('lead_ms')} ms, "
+              f"tail {r.get('tail_ms')} ms, gaps by tenth {r.get('gap_ms_by_tenth')}", flush=True)
         for row in r.get("host_in_gaps", [])[:25]:
             print(f"   {row['ms']:9.2f} ms {row['events']:7d}  {row['name'][:150]}", flush=True)
     out = Path(args.out)
