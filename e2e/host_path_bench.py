@@ -17,7 +17,7 @@ step, and the same for steps with prefill rows: wall, step-thread CPU and proces
 last also counts what other threads did for the step, e.g. tokenizers' decode_batch). `--stages`
 adds a table of the time in each part of the step (timers around the main functions; they add a
 little overhead), `--cprofile` a cProfile table of one run, `--mixed-ahead on` schedules mixed steps ahead too
-(scheduler.MIXED_AHEAD; the file name then ends in -mixed-ahead). The machine is shared: each setting
+(`--schedule-mixed-ahead`; the file name then ends in -mixed-ahead). The machine is shared: each setting
 runs --repeat times and the JSON holds every run, the median and the load average. Writes
 host-path-<commit>.json.
 """
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from pagoda.runtime.core import engine_core, scheduler
+from pagoda.runtime.core import engine_core
 from pagoda.runtime.frontend.llm import LLM
 from pagoda.runtime.sampling_params import SamplingParams
 from pagoda.runtime.tools.bench import workloads
@@ -116,13 +116,14 @@ def stubbed_engine():
         engine_core.build_executor = real
 
 
-def build_llm(seats: int, num_kv_blocks: int) -> LLM:
+def build_llm(seats: int, num_kv_blocks: int, mixed_ahead: bool = False) -> LLM:
     model = workloads.resolve_model("w4")
     with stubbed_engine():
         # The H200's settings for W4: 16k token budget (offline, big GPU), graphs for decode and
         # mixed steps (padding and buckets are host logic), async scheduling.
         return LLM(model=str(model), load_format="dummy", device="cpu", max_model_len=2048, max_num_seqs=seats,
-                   max_num_batched_tokens=16384, num_kv_blocks=num_kv_blocks, seed=0)
+                   max_num_batched_tokens=16384, num_kv_blocks=num_kv_blocks, seed=0,
+                   schedule_mixed_ahead=mixed_ahead)
 
 
 def step_kind(sched) -> str:
@@ -286,13 +287,13 @@ def main() -> int:
     p.add_argument("--mixed-ahead", choices=["on", "off"], default="off",
                    help="schedule mixed steps ahead too (Scheduler._mixed_ahead), as an A/B")
     args = p.parse_args()
-    scheduler.MIXED_AHEAD = args.mixed_ahead == "on"
+    mixed_ahead = args.mixed_ahead == "on"
     torch.set_num_threads(1)
     result = {"commit": commit(), "python": sys.version.split()[0], "torch": torch.__version__,
               "num_prompts": args.num_prompts, "output_len": args.output_len, "load_before": load(),
-              "mixed_ahead": scheduler.MIXED_AHEAD, "seats": {}}
+              "mixed_ahead": mixed_ahead, "seats": {}}
     for seats in args.seats:
-        llm = build_llm(seats, args.num_kv_blocks)
+        llm = build_llm(seats, args.num_kv_blocks, mixed_ahead)
         warm = [r.prompt_token_ids for r in workloads.offline_requests(min(args.num_prompts, seats), 8, seed=1)]
         llm.generate([{"prompt_token_ids": q} for q in warm],
                      SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
@@ -342,7 +343,7 @@ def main() -> int:
     result["load_after"] = load()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"host-path-{result['commit']}{'-mixed-ahead' if scheduler.MIXED_AHEAD else ''}.json"
+    path = out / f"host-path-{result['commit']}{'-mixed-ahead' if mixed_ahead else ''}.json"
     path.write_text(json.dumps(result, indent=1))
     print("wrote", path)
     return 0

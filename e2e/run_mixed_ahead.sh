@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Mixed steps scheduled ahead (Scheduler._mixed_ahead), on one H200 in one device call: W4's GPU
 # busy share (profiler, 1,024 prompts at 1,024 seats) with mixed steps ahead and without
-# (scheduler.MIXED_AHEAD, an A/B in one process each, interleaved W4_ROUNDS times: one W4 run's
-# spread is 5-20%), the gap trace both ways (admission phase; whole run), W1 both ways, W2, then W3 at 16 req/s
-# against `pagoda serve` (the default: no mixed steps ahead), twice.
+# (--schedule-mixed-ahead, an A/B interleaved W4_ROUNDS times: one W4 run's spread is 5-20%), the
+# gap trace both ways (admission phase; whole run), W1 both ways, W2, then W3 at 16 req/s against
+# `pagoda serve`, twice each way.
 #
 #   bash e2e/run_mixed_ahead.sh OUT_DIR [STAGE...]     STAGEs (default: w4 gaps gaps-full w1 w2 w3), in order
 #
@@ -28,16 +28,18 @@ stage() {  # NAME CMD...: run, log, re-pack
     grep -E "tok/s|TPOT|busy|TTFT" "$RES/$name.log" | grep -v Warning | tail -n 4
     pack
 }
-pagoda() {  # ON|OFF ARGS...: the CLI with scheduler.MIXED_AHEAD set, in this process
+pagoda() {  # ON|OFF ARGS...: the CLI, with --schedule-mixed-ahead or without
     local on=$1; shift
-    "$PY" -c "import sys; import pagoda.runtime.core.scheduler as s; s.MIXED_AHEAD = '$on' == 'on'
-from pagoda.runtime.cli import main; sys.exit(main(sys.argv[1:]))" "$@"
+    local flag=--no-schedule-mixed-ahead
+    [ "$on" = on ] && flag=--schedule-mixed-ahead
+    "$PY" -m pagoda.runtime.cli "$@" "$flag"
 }
-w3() {  # W3 at 16 req/s, twice, against one server
-    local model port=8321 pid rc=0
+w3() {  # ON|OFF: W3 at 16 req/s, twice, against one server
+    local on=$1 model port=8321 pid rc=0 flag=--no-schedule-mixed-ahead
+    [ "$on" = on ] && flag=--schedule-mixed-ahead
     model=$("$PY" -m pagoda.runtime.cli bench model w1 | tail -n 1)
     "$PY" -m pagoda.runtime.cli serve "$model" --host 127.0.0.1 --port $port --load-format dummy \
-        --max-model-len 2048 --served-model-name w1 --log-level warning > "$RES/w3-server.log" 2>&1 &
+        --max-model-len 2048 --served-model-name w1 --log-level warning $flag > "$RES/w3-$on-server.log" 2>&1 &
     pid=$!
     for _ in $(seq 150); do
         "$PY" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=5)" 2>/dev/null && break
@@ -46,10 +48,11 @@ w3() {  # W3 at 16 req/s, twice, against one server
     done
     for seed in 0 7919; do
         "$PY" -m pagoda.runtime.cli bench serve --base-url "http://127.0.0.1:$port" --model w1 --prompt-format ids \
-            --request-rate 16 --num-prompts "${W3_NUM_PROMPTS:-256}" --seed $seed --no-progress --out "$RES/w3" || rc=$?
+            --request-rate 16 --num-prompts "${W3_NUM_PROMPTS:-256}" --seed $seed --no-progress --out "$RES/w3-$on" || rc=$?
     done
-    grep -c "after start-up" "$RES/w3-server.log" | sed 's/^/compile warnings after start-up: /'
+    grep -c "after start-up" "$RES/w3-$on-server.log" | sed 's/^/compile warnings after start-up: /'
     kill $pid
+    wait $pid 2>/dev/null
     return $rc
 }
 for s in "${STAGES[@]}"; do
@@ -66,7 +69,8 @@ for s in "${STAGES[@]}"; do
         w1) stage w1-on pagoda on bench throughput --workload W1 --backend pagoda --out "$RES/on"
             stage w1-off pagoda off bench throughput --workload W1 --backend pagoda --out "$RES/off" ;;
         w2) stage w2 pagoda on bench latency --backend pagoda --model w1 --out "$RES/on" ;;
-        w3) stage w3 w3 ;;
+        w3) stage w3-off w3 off
+            stage w3-on w3 on ;;
         *) echo "unknown stage $s" >&2 ;;
     esac
 done

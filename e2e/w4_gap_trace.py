@@ -8,7 +8,7 @@ torch.profiler twice: once plain, once with Python stacks. From each trace it ta
 intervals (kernels, copies, memsets), the gaps between them longer than --min-gap-ms, and, summed
 over all gaps, how long each host event overlapped them: CUDA runtime calls and aten ops in the
 plain run, Python functions in the stacked one (their time is inflated by the stack recording, so
-read them as a ranking). `--mixed-ahead on` schedules mixed steps ahead too (scheduler.MIXED_AHEAD).
+read them as a ranking). `--mixed-ahead on` schedules mixed steps ahead too (`--schedule-mixed-ahead`).
 Writes w4-gaps-<commit>.json (-mixed-ahead.json with it on); the traces stay on the machine.
 """
 
@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from pagoda.runtime.core import scheduler
 from pagoda.runtime.frontend.llm import LLM
 from pagoda.runtime.sampling_params import SamplingParams
 from pagoda.runtime.tools.bench import workloads
@@ -100,16 +99,16 @@ def main() -> int:
     p.add_argument("--traces", nargs="+", choices=["plain", "python"], default=["plain", "python"],
                    help="which profiles to take (a whole W4 run with Python stacks is a very large trace)")
     args = p.parse_args()
-    scheduler.MIXED_AHEAD = args.mixed_ahead == "on"
+    mixed_ahead = args.mixed_ahead == "on"
     llm = LLM(model=str(workloads.resolve_model("w4")), load_format="dummy", max_model_len=2048,
-              max_num_seqs=args.seats, seed=0)
+              max_num_seqs=args.seats, seed=0, schedule_mixed_ahead=mixed_ahead)
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     warm = [r.prompt_token_ids for r in workloads.offline_requests(args.num_prompts, 16, seed=1)]
     prompts = [r.prompt_token_ids for r in workloads.offline_requests(args.num_prompts, 16, seed=0)]
     llm.generate(prompt_token_ids=warm, sampling_params=params, use_tqdm=False)
     result = {"commit": os.environ.get("PAGODA_COMMIT", "unknown"), "gpu": torch.cuda.get_device_name(),
               "seats": args.seats, "num_prompts": args.num_prompts, "output_len": args.output_len,
-              "min_gap_ms": args.min_gap_ms, "mixed_ahead": scheduler.MIXED_AHEAD}
+              "min_gap_ms": args.min_gap_ms, "mixed_ahead": mixed_ahead}
     tmp = Path(tempfile.mkdtemp(prefix="w4-gaps-"))
     for name, stack, cats in (("plain", False, {"cpu_op", "cuda_runtime", "cuda_driver"}),
                               ("python", True, {"python_function"})):
@@ -130,7 +129,7 @@ def main() -> int:
             print(f"   {row['ms']:9.2f} ms {row['events']:7d}  {row['name'][:150]}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"w4-gaps-{result['commit']}{'-mixed-ahead' if scheduler.MIXED_AHEAD else ''}.json"
+    path = out / f"w4-gaps-{result['commit']}{'-mixed-ahead' if mixed_ahead else ''}.json"
     path.write_text(json.dumps(result, indent=1))
     print("wrote", path)
     return 0

@@ -96,7 +96,7 @@ class EngineCore:
         )
         self.scheduler = Scheduler(
             self.kv_cache_manager, args.max_num_seqs, self.max_num_batched_tokens, max_len,
-            args.long_prefill_token_threshold,
+            args.long_prefill_token_threshold, mixed_ahead=args.schedule_mixed_ahead,
         )
         # The step scheduled ahead and launched, whose tokens are read by the next step() call.
         self._in_flight: tuple | None = None

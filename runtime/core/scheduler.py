@@ -17,12 +17,6 @@ from dataclasses import dataclass, field
 from pagoda.runtime.core.kv.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.request import Request, RequestStatus
 
-# Whether schedule_ahead schedules mixed steps too (admissions, prefill chunks), or only a decode
-# step after a decode step. A module switch for e2e A/B runs in one process; the engine has no flag.
-# Off: on the H200 at 2fbf50d it showed no gain on W4 (0.94x, inside the run-to-run spread), and
-# it holds a sliding window's blocks a step longer (PERF_NOTES, "Mixed steps scheduled ahead").
-MIXED_AHEAD = False
-
 
 @dataclass(slots=True)
 class ScheduledRequest:
@@ -64,11 +58,12 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         long_prefill_token_threshold: int = 0,
-        mixed_ahead: bool | None = None,
+        mixed_ahead: bool = False,
     ):
         self.kv = kv_cache_manager
-        # Whether schedule_ahead may schedule a step that admits or prefills (_mixed_ahead).
-        self.mixed_ahead = MIXED_AHEAD if mixed_ahead is None else mixed_ahead
+        # Whether schedule_ahead may schedule a step that admits or prefills (_mixed_ahead;
+        # EngineArgs.schedule_mixed_ahead).
+        self.mixed_ahead = mixed_ahead
         # vLLM's long_prefill_token_threshold: a cap on one request's prefill chunk per step.
         self.chunk_cap = long_prefill_token_threshold if long_prefill_token_threshold > 0 else max_num_batched_tokens
         self.max_num_seqs = max_num_seqs

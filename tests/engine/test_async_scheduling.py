@@ -14,12 +14,10 @@ from .conftest import make_prompts
 
 
 def _engine(path: str, async_scheduling: bool, mixed_ahead: bool = False, **kwargs) -> LLMEngine:
-    """mixed_ahead: mixed steps scheduled ahead too (Scheduler._mixed_ahead), off by default."""
+    """mixed_ahead: mixed steps scheduled ahead too (--schedule-mixed-ahead), off by default."""
     args = dict(model=path, block_size=8, max_model_len=128, device="cpu", max_num_seqs=8,
-                async_scheduling=async_scheduling)
-    engine = LLMEngine(EngineArgs(**(args | kwargs)))
-    engine.scheduler.mixed_ahead = mixed_ahead
-    return engine
+                async_scheduling=async_scheduling, schedule_mixed_ahead=mixed_ahead)
+    return LLMEngine(EngineArgs(**(args | kwargs)))
 
 
 def _params(i: int, stop_token: int) -> SamplingParams:

@@ -35,9 +35,8 @@ def local_model(tmp_path_factory) -> str:
 
 
 def generate(path, prompts, mixed_ahead=False, **kwargs):
-    llm = LLM(path, block_size=BLOCK, max_model_len=128, device="cpu", **kwargs)
+    llm = LLM(path, block_size=BLOCK, max_model_len=128, device="cpu", schedule_mixed_ahead=mixed_ahead, **kwargs)
     engine, kv = llm.llm_engine, llm.llm_engine.kv_cache_manager
-    engine.scheduler.mixed_ahead = mixed_ahead
     launches = {"mixed_ahead": 0}
     launch = engine.runner.launch
 
