@@ -7,7 +7,8 @@
 #
 #   bash e2e/run_mixed_ahead.sh OUT_DIR [STAGE...]     STAGEs (default: w4 gaps gaps-full w1 w2 w3), in order
 #
-# Needs e2e/gpu_env.sh's set-up (the carried .whl/) and PAGODA_COMMIT. OUT_DIR/all.tgz is
+# Needs e2e/gpu_env.sh's set-up (the carried .whl/) and PAGODA_COMMIT. A smoke run of the w3 stage on
+# the CPU: PYTHON=.venv/bin/python W3_MODEL=<tiny folder> W3_NUM_PROMPTS=8 bash e2e/run_mixed_ahead.sh DIR w3. OUT_DIR/all.tgz is
 # re-packed after every stage, so a call cut off by its limit still brings back what finished.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +38,7 @@ pagoda() {  # ON|OFF ARGS...: the CLI, with --schedule-mixed-ahead or without
 w3() {  # ON|OFF: W3 at 16 req/s, twice, against one server
     local on=$1 model port=8321 pid rc=0 flag=--no-schedule-mixed-ahead
     [ "$on" = on ] && flag=--schedule-mixed-ahead
-    model=$("$PY" -m pagoda.runtime.cli bench model w1 | tail -n 1)
+    model=${W3_MODEL:-$("$PY" -m pagoda.runtime.cli bench model w1 | tail -n 1)}  # W3_MODEL: a CPU smoke run
     "$PY" -m pagoda.runtime.cli serve "$model" --host 127.0.0.1 --port $port --load-format dummy \
         --max-model-len 2048 --served-model-name w1 --log-level warning $flag > "$RES/w3-$on-server.log" 2>&1 &
     pid=$!
