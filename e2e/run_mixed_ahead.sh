@@ -29,15 +29,16 @@ stage() {  # NAME CMD...: run, log, re-pack
     grep -E "tok/s|TPOT|busy|TTFT" "$RES/$name.log" | grep -v Warning | tail -n 4
     pack
 }
-pagoda() {  # ON|OFF ARGS...: the CLI, with --schedule-mixed-ahead or without
-    local on=$1; shift
-    local flag=--no-schedule-mixed-ahead
-    [ "$on" = on ] && flag=--schedule-mixed-ahead
-    "$PY" -m pagoda.runtime.cli "$@" "$flag"
+ahead_flag() {  # on|off -> the engine flag
+    if [ "$1" = on ]; then echo --schedule-mixed-ahead; else echo --no-schedule-mixed-ahead; fi
 }
-w3() {  # ON|OFF: W3 at 16 req/s, twice, against one server
-    local on=$1 model port=8321 pid rc=0 flag=--no-schedule-mixed-ahead
-    [ "$on" = on ] && flag=--schedule-mixed-ahead
+pagoda() {  # on|off ARGS...: the CLI, with --schedule-mixed-ahead or without
+    local on=$1; shift
+    "$PY" -m pagoda.runtime.cli "$@" "$(ahead_flag "$on")"
+}
+w3() {  # on|off: W3 at 16 req/s, twice, against one server
+    local on=$1 model port=8321 pid rc=0 flag
+    flag=$(ahead_flag "$on")
     model=${W3_MODEL:-$("$PY" -m pagoda.runtime.cli bench model w1 | tail -n 1)}  # W3_MODEL: a CPU smoke run
     "$PY" -m pagoda.runtime.cli serve "$model" --host 127.0.0.1 --port $port --load-format dummy \
         --max-model-len 2048 --served-model-name w1 --log-level warning $flag > "$RES/w3-$on-server.log" 2>&1 &
