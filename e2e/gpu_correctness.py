@@ -94,11 +94,15 @@ def hf_model(path: Path, seed: int):
     return model.eval()
 
 
+# Engine knobs from the command line (--max-mixed-graph-tokens), for every engine built here.
+ENGINE_KNOBS: dict = {}
+
+
 def pagoda_llm(path: Path, dtype: str, weights: dict, enforce_eager: bool):
     from pagoda.runtime import LLM
 
     llm = LLM(str(path), dtype=dtype, device=DEVICE, load_format="dummy", max_model_len=2048, num_kv_blocks=2048,
-              max_num_seqs=64, enable_prefix_caching=False, enforce_eager=enforce_eager)
+              max_num_seqs=64, enable_prefix_caching=False, enforce_eager=enforce_eager, **ENGINE_KNOBS)
     # Copied in place, so graphs captured over the dummy weights read these.
     llm.llm_engine.runner.model.load_weights(weights.items())
     return llm
@@ -268,8 +272,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("e2e/results/gpu_correctness.json"))
     parser.add_argument("--llama-layers", type=int, default=32, help="layers of the 8B shape (full width)")
+    parser.add_argument("--max-mixed-graph-tokens", type=int, default=None,
+                        help="largest mixed step replayed as piecewise graphs (the engine's default if not given)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script only)")
     args = parser.parse_args(argv)
+    if args.max_mixed_graph_tokens is not None:
+        ENGINE_KNOBS["max_mixed_graph_tokens"] = args.max_mixed_graph_tokens
     shapes = {k: dict(v) for k, v in SHAPES.items()}
     shapes["llama-3.1-8b"]["num_hidden_layers"] = args.llama_layers
     if args.smoke:
@@ -279,7 +287,7 @@ def main(argv=None) -> int:
             shape.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=16, vocab_size=512)
     env = environment()
-    record = {"workload": "gpu-correctness", "backend": "pagoda", **env,
+    record = {"workload": "gpu-correctness", "backend": "pagoda", **env, "engine_knobs": dict(ENGINE_KNOBS),
               "command": "python " + " ".join(sys.argv), "min_top1": MIN_TOP1,
               "bf16_top1_slack": BF16_TOP1_SLACK, "bf16_error_ratio": BF16_ERROR_RATIO,
               "fp32_tie_nats": FP32_TIE, "weight_init": WEIGHT_INIT,

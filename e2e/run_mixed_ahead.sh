@@ -5,18 +5,20 @@
 # gap trace both ways (admission phase; whole run), W1 both ways, W2, then W3 at 16 req/s against
 # `pagoda serve`, twice each way.
 #
-#   bash e2e/run_mixed_ahead.sh OUT_DIR [STAGE...]     STAGEs (default: w4 gaps gaps-full w1 w2 w3), in order
+#   bash e2e/run_mixed_ahead.sh OUT_DIR [STAGE...]     STAGEs (default: w4 gaps gaps-full w1 w2 w3; also w4on, w3on: on only), in order
 #
 # Needs e2e/gpu_env.sh's set-up (the carried .whl/) and PAGODA_COMMIT. A smoke run of the w3 stage on
 # the CPU: PYTHON=.venv/bin/python W3_MODEL=<tiny folder> W3_NUM_PROMPTS=8 bash e2e/run_mixed_ahead.sh DIR w3. OUT_DIR/all.tgz is
 # re-packed after every stage, so a call cut off by its limit still brings back what finished.
+# ENGINE_ARGS (say "--max-mixed-graph-tokens 16384") go to every engine the script starts; LABEL
+# names the result folders under OUT_DIR/res (default: none), so one call can run the script twice.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?OUT_DIR}
 shift || true
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(w4 gaps gaps-full w1 w2 w3)
-RES="$OUT/res"
+RES="$OUT/res${LABEL:+/$LABEL}"
 mkdir -p "$RES"
 # shellcheck disable=SC1091
 source e2e/gpu_env.sh
@@ -34,14 +36,15 @@ ahead_flag() {  # on|off -> the engine flag
 }
 pagoda() {  # on|off ARGS...: the CLI, with --schedule-mixed-ahead or without
     local on=$1; shift
-    "$PY" -m pagoda.runtime.cli "$@" "$(ahead_flag "$on")"
+    # shellcheck disable=SC2086
+    "$PY" -m pagoda.runtime.cli "$@" "$(ahead_flag "$on")" ${ENGINE_ARGS:-}
 }
 w3() {  # on|off: W3 at 16 req/s, twice, against one server
     local on=$1 model port=8321 pid rc=0 flag
     flag=$(ahead_flag "$on")
     model=${W3_MODEL:-$("$PY" -m pagoda.runtime.cli bench model w1 | tail -n 1)}  # W3_MODEL: a CPU smoke run
     "$PY" -m pagoda.runtime.cli serve "$model" --host 127.0.0.1 --port $port --load-format dummy \
-        --max-model-len 2048 --served-model-name w1 --log-level warning $flag > "$RES/w3-$on-server.log" 2>&1 &
+        --max-model-len 2048 --served-model-name w1 --log-level warning $flag ${ENGINE_ARGS:-} > "$RES/w3-$on-server.log" 2>&1 &
     pid=$!
     for _ in $(seq 150); do
         "$PY" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=5)" 2>/dev/null && break
@@ -59,6 +62,7 @@ w3() {  # on|off: W3 at 16 req/s, twice, against one server
 }
 for s in "${STAGES[@]}"; do
     case $s in
+        w4on) stage w4-on pagoda on bench throughput --workload W4 --backend pagoda --gpu-busy 1024 --out "$RES/on" ;;
         w4) for round in $(seq "${W4_ROUNDS:-3}"); do
                 stage "w4-on-$round" pagoda on bench throughput --workload W4 --backend pagoda --gpu-busy 1024 --out "$RES/on"
                 stage "w4-off-$round" pagoda off bench throughput --workload W4 --backend pagoda --gpu-busy 1024 --out "$RES/off"
@@ -73,6 +77,7 @@ for s in "${STAGES[@]}"; do
         w2) stage w2 pagoda on bench latency --backend pagoda --model w1 --out "$RES/on" ;;
         w3) stage w3-off w3 off
             stage w3-on w3 on ;;
+        w3on) stage w3-on w3 on ;;
         *) echo "unknown stage $s" >&2 ;;
     esac
 done

@@ -126,3 +126,14 @@ def test_cudagraph_mode_is_vllms_flag():
     assert args.cudagraph_mode == "FULL_DECODE_ONLY" and args.max_mixed_graph_tokens == 1000
     with pytest.raises(SystemExit):
         parser.parse_args(["--cudagraph-mode", "PIECEWISE_SOMETIMES"])
+
+
+def test_mixed_capture_sizes_beyond_512():
+    sizes = mixed_capture_sizes(16384)
+    assert sizes[:48] == mixed_capture_sizes(512)  # the small buckets do not move
+    assert sizes[48:56] == [576, 640, 704, 768, 832, 896, 960, 1024]
+    assert sizes[-1] == 16384 and len(sizes) == 88
+    # Past 512, a padded step throws away at most an eighth of its rows.
+    for tokens in range(513, 16385, 7):
+        assert (padded_tokens(tokens, sizes) - tokens) * 8 <= tokens
+    assert mixed_capture_sizes(3000)[-2:] == [2816, 3000]  # the budget itself closes the list
