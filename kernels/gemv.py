@@ -32,6 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
+from pagoda.kernels import pdl
+
 MAX_ROWS = 4  # each row of x keeps its own accumulators in registers
 # Bytes of W each thread loads per loop step (8 16-byte loads): with the registers that leaves,
 # enough programs fit on an SM to keep the ~30 KB per SM in flight that HBM3e needs.
@@ -52,6 +54,8 @@ class GemvConfig:
     # K neighbours one thread sums as they arrive (8 bf16 = its 16-byte load): no shuffles, and
     # accumulators fold times smaller, which buys occupancy. 1 keeps the whole product.
     fold: int = 8
+    # Load the next chunk before multiplying this one (a second chunk of registers per program).
+    prefetch: bool = False
 
 
 # Where this GEMV beat cuBLAS on the H200 (e2e/results/gemv-e34d2a9/), keyed by (rows, N, K, act),
@@ -152,13 +156,34 @@ def _store_row(out_ptr, acc, m, pid_k, rows, scale, bias, N, stride_om,
 
 
 @triton.jit
+def _weight_chunk(w_rows, offs_k, K, more, EVEN_K: tl.constexpr, GUARD: tl.constexpr):
+    """One chunk of the program's weight rows; with GUARD, more=False (the prefetch past the last
+    chunk) loads nothing."""
+    # The weights are read once per step: do not let them push x out of L2.
+    ptrs = w_rows + offs_k[None, :, :]
+    if GUARD:
+        if EVEN_K:
+            # a scalar mask splats, so the loads stay vectorized
+            w = tl.load(ptrs, mask=more, other=0.0, eviction_policy="evict_first")
+        else:
+            w = tl.load(ptrs, mask=(offs_k[None, :, :] < K) & more, other=0.0, eviction_policy="evict_first")
+    elif EVEN_K:
+        w = tl.load(ptrs, eviction_policy="evict_first")
+    else:
+        w = tl.load(ptrs, mask=offs_k[None, :, :] < K, other=0.0, eviction_policy="evict_first")
+    return w
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr,
     N, K, k_per_split, stride_xm, stride_wn, stride_om,
     M: tl.constexpr, HAS_SCALE: tl.constexpr, SCALE_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
     SILU_MUL: tl.constexpr, PARTIAL: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
+    PREFETCH: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl.launch_dependents(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -174,14 +199,19 @@ def _gemv_kernel(
     acc1 = tl.zeros((BLOCK_N, BLOCK_K // FOLD), tl.float32)
     acc2 = tl.zeros((BLOCK_N, BLOCK_K // FOLD), tl.float32)
     acc3 = tl.zeros((BLOCK_N, BLOCK_K // FOLD), tl.float32)
+    if PREFETCH:
+        # Each step loads the next chunk before it multiplies this one (Triton does not pipeline
+        # plain loads itself), so a program always has a chunk in flight; the first is loaded
+        # before the PDL wait, while the kernel before still runs (kernels/pdl.py).
+        w_next = _weight_chunk(w_rows, k_begin + chunk, K, True, EVEN_K, False)
+    pdl.wait(PDL)
     for k in range(k_begin, k_end, BLOCK_K):
         offs_k = k + chunk
-        # The weights are read once per step: do not let them push x out of L2.
-        if EVEN_K:
-            w = tl.load(w_rows + offs_k[None, :, :], eviction_policy="evict_first")
+        if PREFETCH:
+            w = w_next
+            w_next = _weight_chunk(w_rows, offs_k + BLOCK_K, K, k + BLOCK_K < k_end, EVEN_K, True)
         else:
-            w = tl.load(w_rows + offs_k[None, :, :], mask=offs_k[None, :, :] < K, other=0.0,
-                        eviction_policy="evict_first")
+            w = _weight_chunk(w_rows, offs_k, K, True, EVEN_K, False)
         w = w.to(tl.float32)  # FP8 too: e4m3 widens exactly, the scale waits for the store
         acc0 += tl.sum(w * _input_chunk(x_ptr, 0, stride_xm, offs_k, K, SILU_MUL, EVEN_K), axis=2)
         if M > 1:
@@ -220,8 +250,10 @@ def _weight_scale(scale_ptr, rows, N, PER_ROW: tl.constexpr):
 def _split_k_reduce_kernel(
     partial_ptr, scale_ptr, bias_ptr, out_ptr, N, stride_om,
     M: tl.constexpr, SPLITS: tl.constexpr, HAS_SCALE: tl.constexpr, SCALE_PER_ROW: tl.constexpr,
-    HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl.launch_dependents(PDL)
+    pdl.wait(PDL)
     m = tl.program_id(1)
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N
@@ -274,7 +306,7 @@ def reduce_splits(partials, weight_scale, per_row: bool, bias, out2) -> None:
     _split_k_reduce_kernel[(triton.cdiv(n, block), m)](
         partials, scale_arg, bias_arg, out2, n, out2.stride(0),
         M=m, SPLITS=splits, HAS_SCALE=weight_scale is not None, SCALE_PER_ROW=per_row,
-        HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+        HAS_BIAS=bias is not None, BLOCK=block, PDL=pdl.flag(out2), num_warps=4, **pdl.options(out2),
     )
 
 
@@ -325,7 +357,8 @@ def gemv(
         n, k, k_per_split, x2.stride(0), weight.stride(0), out2.stride(0),
         M=m, HAS_SCALE=fp8, SCALE_PER_ROW=per_row, HAS_BIAS=has_bias, SILU_MUL=silu_mul, PARTIAL=splits > 1, EVEN_K=k % k_per_split == 0,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FOLD=min(cfg.fold, cfg.block_k),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PREFETCH=cfg.prefetch, PDL=pdl.flag(x2), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **pdl.options(x2),
     )
     if splits > 1:
         reduce_splits(target, scale_arg if fp8 else None, per_row, bias, out2)

@@ -10,17 +10,22 @@ import torch
 import triton
 import triton.language as tl
 
+from pagoda.kernels import pdl
+
 
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, new_residual_ptr,
     stride_x, stride_r, stride_o, stride_nr,
     hidden, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl.launch_dependents(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0)  # a weight: no kernel before writes it
+    pdl.wait(PDL)
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0)
@@ -29,7 +34,6 @@ def _rms_norm_kernel(
     h = x.to(tl.float32)
     variance = tl.sum(h * h, axis=0) / hidden
     h = (h * tl.rsqrt(variance + eps)).to(x_ptr.dtype.element_ty)
-    w = tl.load(weight_ptr + cols, mask=mask, other=0.0)
     out = w.to(tl.float32) * h.to(tl.float32)
     tl.store(out_ptr + row * stride_o + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -64,7 +68,7 @@ def rms_norm(
             x2, r2, weight, out2, nr2,
             x2.stride(0), r2.stride(0), out2.stride(0), nr2.stride(0),
             hidden, eps,
-            HAS_RESIDUAL=residual is not None, BLOCK=block,
-            num_warps=max(1, min(16, block // 256)),
+            HAS_RESIDUAL=residual is not None, BLOCK=block, PDL=pdl.flag(x),
+            num_warps=max(1, min(16, block // 256)), **pdl.options(x),
         )
     return out if residual is None else (out, new_residual)

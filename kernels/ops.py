@@ -6,6 +6,9 @@ Triton modules are imported on first CUDA use, so CPU-only processes never load 
 
 from __future__ import annotations
 
+import logging
+import sys
+
 import torch
 import torch.nn.functional as F
 
@@ -17,6 +20,8 @@ from pagoda.kernels.paged_attention_ref import paged_attention_ref
 from pagoda.kernels.quant_fp8_ref import quantize_fp8_ref
 from pagoda.kernels.rotary_ref import rotary_embedding_ref
 from pagoda.kernels.sampling_ref import sample_ref
+
+logger = logging.getLogger(__name__)
 
 
 def _on_gpu(t: torch.Tensor) -> bool:
@@ -137,11 +142,23 @@ GEMV_ENABLED = True
 _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def configure(enable_gemv: bool = True, fused_rope_kv: bool = True) -> None:
+def configure(enable_gemv: bool = True, fused_rope_kv: bool = True, pdl: bool = False,
+              device: torch.device | None = None) -> None:
     """Install the engine's kernel choices; the model runner calls it once, when it starts (each
-    tensor-parallel worker too), before any kernel runs."""
+    tensor-parallel worker too), before any kernel runs. pdl (kernels/pdl.py) takes effect only on
+    a device that has it; elsewhere it is off, with a warning."""
     global GEMV_ENABLED, FUSED_ROPE_KV
     GEMV_ENABLED, FUSED_ROPE_KV = enable_gemv, fused_rope_kv
+    # pdl.py imports Triton: a CPU process that never asks for PDL never loads it
+    launch = sys.modules.get("pagoda.kernels.pdl")
+    if pdl:
+        from pagoda.kernels import pdl as launch
+
+        if not launch.supported(device):
+            logger.warning("--enable-pdl needs a GPU of compute capability 9.0 or later (device %s): left off",
+                           device)
+    if launch is not None:
+        launch.ENABLED = pdl and launch.supported(device)
 
 
 def _use_gemv(x, weight, bias=None) -> bool:

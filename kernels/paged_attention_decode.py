@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pagoda.kernels import pdl
 from pagoda.kernels.attention_dot import NO_WINDOW, _dot, _scores, dot_precision, fp8_as_f16, score_scales
 
 # Launch knobs for 2-byte caches, from e2e/kernels_gpu.py --sweep on the H200 (c928b0e): the best
@@ -53,8 +54,10 @@ def _decode_kernel(
     stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh,
     NUM_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, FP8_AS_F16: tl.constexpr,
+    SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, FP8_AS_F16: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl.launch_dependents(PDL)
+    pdl.wait(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -120,7 +123,10 @@ def _decode_kernel(
 def _merge_kernel(
     part_out_ptr, part_lse_ptr, query_start_loc_ptr, out_ptr, stride_ot, stride_oh,
     NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl.launch_dependents(PDL)
+    pdl.wait(PDL)
     seq = tl.program_id(0)
     head = tl.program_id(1)
     q_row = tl.load(query_start_loc_ptr + seq)
@@ -234,12 +240,14 @@ def paged_attention_decode(
         NUM_SPLITS=num_splits, GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=block_size, BLOCK_N=block_n or default_n,
         SOFTCAP=bool(softcap), PRECISION=dot_precision(query), FP8_AS_F16=fp8_as_f16(query, k_cache),
-        num_warps=num_warps or default_warps, num_stages=num_stages or default_stages,
+        PDL=pdl.flag(query), num_warps=num_warps or default_warps, num_stages=num_stages or default_stages,
+        **pdl.options(query),
     )
     if num_splits > 1:
         _merge_kernel[(num_seqs, num_heads)](
             part_out, part_lse, query_start_loc, out, out.stride(0), out.stride(1),
             NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
-            HEAD_DIM=head_dim, BLOCK_D=block_d, num_warps=4 if head_dim >= 128 else 2,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, PDL=pdl.flag(query), num_warps=4 if head_dim >= 128 else 2,
+            **pdl.options(query),
         )
     return out

@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pagoda.kernels import pdl
 from pagoda.kernels.fp8_cast import round_first, to_cache
 from pagoda.kernels.rotary import _cos_sin, _rotate_heads
 
@@ -23,8 +24,10 @@ def _rotary_kv_cache_kernel(
     num_heads, num_kv_heads, head_dim,
     HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_PASS: tl.constexpr, HAS_PASS: tl.constexpr,
-    FP8: tl.constexpr, ROUND_FIRST: tl.constexpr,
+    FP8: tl.constexpr, ROUND_FIRST: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl.launch_dependents(PDL)
+    pdl.wait(PDL)
     token = tl.program_id(0).to(tl.int64)
     cos, sin = _cos_sin(positions_ptr, cos_sin_ptr, token, stride_cs, HALF, BLOCK_HALF)
     # the query in place: its unrotated tail (partial rotary) is already where it belongs
@@ -75,7 +78,7 @@ def rotary_kv_cache(
         HALF=half, BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_KH=triton.next_power_of_2(num_kv_heads),
         BLOCK_HALF=triton.next_power_of_2(half), BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_PASS=triton.next_power_of_2(max(pass_dim, 1)), HAS_PASS=pass_dim > 0,
-        FP8=k_cache.dtype == torch.float8_e4m3fn, ROUND_FIRST=round_first(k_cache),
-        num_warps=4 if num_heads * head_dim >= 2048 else 1,
+        FP8=k_cache.dtype == torch.float8_e4m3fn, ROUND_FIRST=round_first(k_cache), PDL=pdl.flag(query),
+        num_warps=4 if num_heads * head_dim >= 2048 else 1, **pdl.options(query),
     )
     return query

@@ -134,6 +134,9 @@ class EngineArgs:
                                    "layers: instead of quantize + torch._scaled_mm)",
                              type=bool)
     fused_rope_kv: bool = knob(True, "rotary embedding fused with the KV-cache write (one kernel)", type=bool)
+    enable_pdl: bool = knob(False, "programmatic dependent launch (Hopper+): each decode kernel starts while the "
+                                   "one before it ends, and a GEMV streams its first weights meanwhile",
+                            type=bool)
     tp_start_timeout_s: float = knob(1800.0, "seconds tensor-parallel workers may take to load their shards",
                                      type=float, flag="--tp-start-timeout", metavar="SECONDS")
     # vLLM's --runner: pooling serves embeddings (/v1/embeddings, LLM.embed) instead of text.

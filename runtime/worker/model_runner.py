@@ -100,13 +100,15 @@ class ModelRunner:
         enforce_eager: bool = False,
         enable_gemv: bool = True,
         fused_rope_kv: bool = True,
+        enable_pdl: bool = False,
         pooling_type: str | None = None,
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",
         mixed_step_graphs: bool = False,
         max_mixed_graph_tokens: int = 512,
     ):
-        ops.configure(enable_gemv=enable_gemv, fused_rope_kv=fused_rope_kv)  # once, before any kernel
+        # once, before any kernel
+        ops.configure(enable_gemv=enable_gemv, fused_rope_kv=fused_rope_kv, pdl=enable_pdl, device=device)
         self.model_config = model_config
         self.device = device
         self.dtype = TORCH_DTYPES[model_config.dtype]

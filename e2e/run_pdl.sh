@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Programmatic dependent launch (kernels/pdl.py, --enable-pdl) on one H200 in one device call:
+#
+#   bash e2e/run_pdl.sh OUT_DIR [STAGE...]      STAGEs (default: chain w2 correctness), in order
+#     chain        e2e/decode_chain_gpu_bench.py: 32 decode layers at one row as one CUDA graph, PDL off and on
+#                  (same bits both ways), FP8 and bf16, and the FP8 GEMV's 1-row launches swept with PDL on
+#     w2           W2 (bench latency, 8B shape) bf16 and FP8, each with PDL off then on (the off run is the peer)
+#     correctness  e2e/gpu_correctness.py --enable-pdl (8 layers of the 8B shape and the 0.5B shape against
+#                  transformers, graphs against eager)
+#
+# ENGINE_ARGS go to every W2 engine. Needs e2e/gpu_env.sh's set-up (the carried .whl/) and PAGODA_COMMIT.
+# OUT_DIR/all.tgz is re-packed after every stage, so a call cut off by its limit still brings back what finished.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?OUT_DIR}
+shift || true
+STAGES=("$@")
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(chain w2 correctness)
+RES="$OUT/res"
+mkdir -p "$RES"
+# shellcheck disable=SC1091
+source e2e/gpu_env.sh
+PY=${PYTHON:-python3}
+pack() { tar -C "$OUT" -czf "$OUT/all.tgz.tmp" res && mv "$OUT/all.tgz.tmp" "$OUT/all.tgz"; }
+stage() {  # NAME CMD...: run, log, re-pack
+    local name=$1; shift
+    echo "=== $name ($(date -u +%H:%M:%S))"
+    "$@" > "$RES/$name.log" 2>&1 || echo "stage $name failed: rc=$?" | tee -a "$RES/$name.log"
+    grep -E "chain|best|TPOT|ok|PASS|FAIL|same_bits" "$RES/$name.log" | grep -v Warning | tail -n 12
+    pack
+}
+newest() { ls -t "$RES"/"$1"-2*.json 2>/dev/null | head -n 1; }
+w2() {  # [--quantization fp8]: off, then on against it
+    local tag=W2-pagoda${1:+-fp8}
+    # shellcheck disable=SC2086
+    timeout 150 "$PY" -m pagoda.runtime.cli bench latency --backend pagoda --model w1 --warmup-iters 2 --iters 5 \
+        "$@" --no-enable-pdl ${ENGINE_ARGS:-} --out "$RES" || return 1
+    local off; off=$(newest "$tag")
+    mv "$off" "${off%.json}-pdl-off.json"
+    # shellcheck disable=SC2086
+    timeout 150 "$PY" -m pagoda.runtime.cli bench latency --backend pagoda --model w1 --warmup-iters 2 --iters 5 \
+        "$@" --enable-pdl ${ENGINE_ARGS:-} --peer-result "${off%.json}-pdl-off.json" --out "$RES" || return 1
+    local on; on=$(ls -t "$RES"/"$tag"-2*.json | grep -v pdl-off | head -n 1)
+    mv "$on" "${on%.json}-pdl-on.json"
+}
+for s in "${STAGES[@]}"; do
+    case $s in
+        chain) stage chain timeout 420 "$PY" e2e/decode_chain_gpu_bench.py --out "$RES" ;;
+        w2) stage w2-bf16 w2; stage w2-fp8 w2 --quantization fp8 ;;
+        correctness) stage correctness timeout 300 "$PY" e2e/gpu_correctness.py --enable-pdl --llama-layers 8 \
+            --out "$RES/gpu-correctness-pdl-${PAGODA_COMMIT:-local}.json" ;;
+        *) echo "unknown stage $s"; exit 2 ;;
+    esac
+done
+ls -la "$RES"
