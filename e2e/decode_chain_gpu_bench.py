@@ -15,8 +15,8 @@ The 32 layers are captured as one CUDA graph and replayed; the figure is the med
 - chain: PDL off and on at the runtime's launches (FP8: kernels/fp8_dispatch's 1-row entries), and
   the hidden state after 32 layers must be the same bits both ways (PDL moves when a kernel starts,
   never what it computes; a missing wait would show here as a race).
-- sweep (FP8, PDL on): each projection's GEMV launch over a grid of tiles, with and without the
-  next-chunk prefetch, the other three at their best so far; then the chain at the winners, both ways.
+- sweep (FP8, PDL on): each projection's GEMV launch over a grid of tiles, the other three at their
+  best so far; then the chain at the winners, both ways.
 One JSON (decode-chain-pagoda-DATE.json) goes to --out (default $OUT, else e2e/results/).
 """
 
@@ -164,25 +164,22 @@ def run_chain(torch, chain: Chain, pdl_on: bool, replays: int, smoke: bool) -> t
 
 
 def candidates(name: str, smoke: bool, first=None):
-    """1-row launches of the FP8 GEMV to try for a projection: the runtime's own (first) with and
-    without prefetch, then tiles of 16 to 64 weights a thread (prefetch holds two), fold 16 (one
-    16-byte load) or 1, in a fixed shuffled order, so a time budget samples the whole grid."""
+    """1-row launches of the FP8 GEMV to try for a projection: the runtime's own (first), then
+    tiles of 16 to 64 weights a thread, fold 16 (one 16-byte load) or 1, in a fixed shuffled order,
+    so that a time budget samples the whole grid."""
     import random
 
     from pagoda.kernels.gemv import GemvConfig
 
     if smoke:
-        return [GemvConfig(16, 32, 1, 4, 1, fold=16, prefetch=True), GemvConfig(8, 64, 1, 4, 1, fold=1)]
+        return [GemvConfig(16, 32, 1, 4, 1, fold=16), GemvConfig(8, 64, 1, 4, 1, fold=1)]
     n, k, _ = SHAPES[name]
     grid = []
-    for bn, bk, warps, fold, prefetch in itertools.product((4, 8, 16, 32), (256, 512, 1024, 2048), (4, 8),
-                                                            (1, 16), (False, True)):
-        per_thread = bn * bk // (warps * 32)
-        if per_thread not in ((16, 32) if prefetch else (32, 64)) or bk > k or n // bn < 132:
-            continue
-        grid.append(GemvConfig(bn, bk, 1, warps, 1, fold=fold, prefetch=prefetch))
+    for bn, bk, warps, fold in itertools.product((4, 8, 16, 32), (256, 512, 1024, 2048), (4, 8), (1, 16)):
+        if bn * bk // (warps * 32) in (16, 32, 64) and bk <= k and n // bn >= 132:
+            grid.append(GemvConfig(bn, bk, 1, warps, 1, fold=fold))
     random.Random(0).shuffle(grid)
-    head = [first, dataclasses.replace(first, prefetch=True)] if first is not None else []
+    head = [first] if first is not None else []
     return head + [c for c in grid if c not in head]
 
 

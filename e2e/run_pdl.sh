@@ -5,10 +5,11 @@
 #     chain        e2e/decode_chain_gpu_bench.py: 32 decode layers at one row as one CUDA graph, PDL off and on
 #                  (same bits both ways), FP8 and bf16, and the FP8 GEMV's 1-row launches swept with PDL on
 #     w2           W2 (bench latency, 8B shape) bf16 and FP8, each with PDL off then on (the off run is the peer)
+#     w1           W1 (bench throughput, bf16) with PDL off then on: batches above the GEMV's rows
 #     correctness  e2e/gpu_correctness.py --enable-pdl (8 layers of the 8B shape and the 0.5B shape against
 #                  transformers, graphs against eager)
 #
-# ENGINE_ARGS go to every W2 engine. Needs e2e/gpu_env.sh's set-up (the carried .whl/) and PAGODA_COMMIT.
+# ENGINE_ARGS go to every engine, CHAIN_ARGS (say "--no-sweep") to the chain bench. Needs e2e/gpu_env.sh's set-up (the carried .whl/) and PAGODA_COMMIT.
 # OUT_DIR/all.tgz is re-packed after every stage, so a call cut off by its limit still brings back what finished.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,24 +30,37 @@ stage() {  # NAME CMD...: run, log, re-pack
     grep -E "chain|best|TPOT|ok|PASS|FAIL|same_bits" "$RES/$name.log" | grep -v Warning | tail -n 12
     pack
 }
-newest() { ls -t "$RES"/"$1"-2*.json 2>/dev/null | head -n 1; }
+newest() { ls -t "$RES"/"$1"-2*.json 2>/dev/null | grep -v pdl-o | head -n 1; }
+mark() {  # TAG on|off: name the newest TAG result after its PDL setting
+    local f; f=$(newest "$1")
+    [ -n "$f" ] && mv "$f" "${f%.json}-pdl-$2.json"
+}
 w2() {  # [--quantization fp8]: off, then on against it
     local tag=W2-pagoda${1:+-fp8}
     # shellcheck disable=SC2086
     timeout 150 "$PY" -m pagoda.runtime.cli bench latency --backend pagoda --model w1 --warmup-iters 2 --iters 5 \
         "$@" --no-enable-pdl ${ENGINE_ARGS:-} --out "$RES" || return 1
-    local off; off=$(newest "$tag")
-    mv "$off" "${off%.json}-pdl-off.json"
+    mark "$tag" off
     # shellcheck disable=SC2086
     timeout 150 "$PY" -m pagoda.runtime.cli bench latency --backend pagoda --model w1 --warmup-iters 2 --iters 5 \
-        "$@" --enable-pdl ${ENGINE_ARGS:-} --peer-result "${off%.json}-pdl-off.json" --out "$RES" || return 1
-    local on; on=$(ls -t "$RES"/"$tag"-2*.json | grep -v pdl-off | head -n 1)
-    mv "$on" "${on%.json}-pdl-on.json"
+        "$@" --enable-pdl ${ENGINE_ARGS:-} --peer-result "$(ls -t "$RES/$tag"-2*-pdl-off.json | head -n 1)" \
+        --out "$RES" || return 1
+    mark "$tag" on
+}
+w1() {
+    local flag
+    for flag in off on; do
+        # shellcheck disable=SC2086
+        timeout 200 "$PY" -m pagoda.runtime.cli bench throughput --workload W1 --backend pagoda --warmup-tokens 16 \
+            --"$([ $flag = on ] || echo no-)"enable-pdl ${ENGINE_ARGS:-} --out "$RES" || return 1
+        mark W1-pagoda $flag
+    done
 }
 for s in "${STAGES[@]}"; do
     case $s in
-        chain) stage chain timeout 420 "$PY" e2e/decode_chain_gpu_bench.py --out "$RES" ;;
+        chain) stage chain timeout 420 "$PY" e2e/decode_chain_gpu_bench.py ${CHAIN_ARGS:-} --out "$RES" ;;
         w2) stage w2-bf16 w2; stage w2-fp8 w2 --quantization fp8 ;;
+        w1) stage w1 w1 ;;
         correctness) stage correctness timeout 300 "$PY" e2e/gpu_correctness.py --enable-pdl --llama-layers 8 \
             --out "$RES/gpu-correctness-pdl-${PAGODA_COMMIT:-local}.json" ;;
         *) echo "unknown stage $s"; exit 2 ;;

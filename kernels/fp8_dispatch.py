@@ -51,10 +51,13 @@ class Fp8Launch:
 # row the weight-only GEMV wins (2.32 ms of linears per decode step against 4.44 for _scaled_mm); from
 # two rows on the tensor-core small-M GEMM does (2.5-2.6 ms at 2-8 rows).
 FP8_SMALL_M: dict[tuple[int, int, int, str | None], Fp8Launch] = {
-    (1, 6144, 4096, None): Fp8Launch("gemv", GemvConfig(block_n=8, block_k=1024, split_k=1, num_warps=4, num_stages=1, fold=16)),
-    (1, 4096, 4096, None): Fp8Launch("gemv", GemvConfig(block_n=8, block_k=1024, split_k=1, num_warps=4, num_stages=1, fold=16)),
-    (1, 28672, 4096, None): Fp8Launch("gemv", GemvConfig(block_n=32, block_k=256, split_k=1, num_warps=4, num_stages=1, fold=1)),
-    (1, 4096, 14336, "silu_mul"): Fp8Launch("gemv", GemvConfig(block_n=8, block_k=2048, split_k=1, num_warps=8, num_stages=1, fold=1)),
+    # The 1-row launches: the best of e2e/decode_chain_gpu_bench.py's sweep at 76e57f9 (e2e/results/
+    # pdl-76e57f9/), inside the 32-layer decode chain with PDL on. They took the chain from 3.10 to
+    # 2.59 ms with PDL and from 2.94 to 2.79 ms without (the launches before: 0cbc34a's, timed alone).
+    (1, 6144, 4096, None): Fp8Launch("gemv", GemvConfig(block_n=4, block_k=2048, split_k=1, num_warps=4, num_stages=1, fold=16)),
+    (1, 4096, 4096, None): Fp8Launch("gemv", GemvConfig(block_n=8, block_k=1024, split_k=1, num_warps=4, num_stages=1, fold=1)),
+    (1, 28672, 4096, None): Fp8Launch("gemv", GemvConfig(block_n=16, block_k=256, split_k=1, num_warps=4, num_stages=1, fold=1)),
+    (1, 4096, 14336, "silu_mul"): Fp8Launch("gemv", GemvConfig(block_n=8, block_k=1024, split_k=1, num_warps=4, num_stages=1, fold=1)),
     (2, 6144, 4096, None): Fp8Launch("scaled_gemv", ScaledGemvConfig(block_n=128, block_k=128, split_k=4, num_warps=4, num_stages=4)),
     (2, 4096, 4096, None): Fp8Launch("scaled_gemv", ScaledGemvConfig(block_n=64, block_k=256, split_k=4, num_warps=4, num_stages=4)),
     (2, 28672, 4096, None): Fp8Launch("scaled_gemv", ScaledGemvConfig(block_n=128, block_k=256, split_k=1, num_warps=4, num_stages=3)),

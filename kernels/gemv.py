@@ -54,8 +54,6 @@ class GemvConfig:
     # K neighbours one thread sums as they arrive (8 bf16 = its 16-byte load): no shuffles, and
     # accumulators fold times smaller, which buys occupancy. 1 keeps the whole product.
     fold: int = 8
-    # Load the next chunk before multiplying this one (a second chunk of registers per program).
-    prefetch: bool = False
 
 
 # Where this GEMV beat cuBLAS on the H200 (e2e/results/gemv-e34d2a9/), keyed by (rows, N, K, act),
@@ -156,22 +154,28 @@ def _store_row(out_ptr, acc, m, pid_k, rows, scale, bias, N, stride_om,
 
 
 @triton.jit
-def _weight_chunk(w_rows, offs_k, K, more, EVEN_K: tl.constexpr, GUARD: tl.constexpr):
-    """One chunk of the program's weight rows; with GUARD, more=False (the prefetch past the last
-    chunk) loads nothing."""
+def _weight_chunk(w_rows, offs_k, K, EVEN_K: tl.constexpr):
+    """One chunk of the program's weight rows, as loaded (widened by the caller)."""
     # The weights are read once per step: do not let them push x out of L2.
-    ptrs = w_rows + offs_k[None, :, :]
-    if GUARD:
-        if EVEN_K:
-            # a scalar mask splats, so the loads stay vectorized
-            w = tl.load(ptrs, mask=more, other=0.0, eviction_policy="evict_first")
-        else:
-            w = tl.load(ptrs, mask=(offs_k[None, :, :] < K) & more, other=0.0, eviction_policy="evict_first")
-    elif EVEN_K:
-        w = tl.load(ptrs, eviction_policy="evict_first")
-    else:
-        w = tl.load(ptrs, mask=offs_k[None, :, :] < K, other=0.0, eviction_policy="evict_first")
-    return w
+    if EVEN_K:
+        return tl.load(w_rows + offs_k[None, :, :], eviction_policy="evict_first")
+    return tl.load(w_rows + offs_k[None, :, :], mask=offs_k[None, :, :] < K, other=0.0,
+                   eviction_policy="evict_first")
+
+
+@triton.jit
+def _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, offs_k, K,
+                M: tl.constexpr, SILU_MUL: tl.constexpr, EVEN_K: tl.constexpr):
+    """Each row of x's products with one weight chunk, added to its accumulator."""
+    w = w.to(tl.float32)  # FP8 too: e4m3 widens exactly, the scale waits for the store
+    acc0 += tl.sum(w * _input_chunk(x_ptr, 0, stride_xm, offs_k, K, SILU_MUL, EVEN_K), axis=2)
+    if M > 1:
+        acc1 += tl.sum(w * _input_chunk(x_ptr, 1, stride_xm, offs_k, K, SILU_MUL, EVEN_K), axis=2)
+    if M > 2:
+        acc2 += tl.sum(w * _input_chunk(x_ptr, 2, stride_xm, offs_k, K, SILU_MUL, EVEN_K), axis=2)
+    if M > 3:
+        acc3 += tl.sum(w * _input_chunk(x_ptr, 3, stride_xm, offs_k, K, SILU_MUL, EVEN_K), axis=2)
+    return acc0, acc1, acc2, acc3
 
 
 @triton.jit
@@ -181,7 +185,7 @@ def _gemv_kernel(
     M: tl.constexpr, HAS_SCALE: tl.constexpr, SCALE_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
     SILU_MUL: tl.constexpr, PARTIAL: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
-    PREFETCH: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pdl.launch_dependents(PDL)
     pid_n = tl.program_id(0)
@@ -199,27 +203,17 @@ def _gemv_kernel(
     acc1 = tl.zeros((BLOCK_N, BLOCK_K // FOLD), tl.float32)
     acc2 = tl.zeros((BLOCK_N, BLOCK_K // FOLD), tl.float32)
     acc3 = tl.zeros((BLOCK_N, BLOCK_K // FOLD), tl.float32)
-    if PREFETCH:
-        # Each step loads the next chunk before it multiplies this one (Triton does not pipeline
-        # plain loads itself), so a program always has a chunk in flight; the first is loaded
-        # before the PDL wait, while the kernel before still runs (kernels/pdl.py).
-        w_next = _weight_chunk(w_rows, k_begin + chunk, K, True, EVEN_K, False)
+    # The first chunk is loaded before the PDL wait, while the kernel before still runs (no kernel
+    # writes weights; kernels/pdl.py). Every split has at least one chunk (split_k_plan).
+    w = _weight_chunk(w_rows, k_begin + chunk, K, EVEN_K)
     pdl.wait(PDL)
-    for k in range(k_begin, k_end, BLOCK_K):
+    acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k_begin + chunk, K,
+                                         M, SILU_MUL, EVEN_K)
+    for k in range(k_begin + BLOCK_K, k_end, BLOCK_K):
         offs_k = k + chunk
-        if PREFETCH:
-            w = w_next
-            w_next = _weight_chunk(w_rows, offs_k + BLOCK_K, K, k + BLOCK_K < k_end, EVEN_K, True)
-        else:
-            w = _weight_chunk(w_rows, offs_k, K, True, EVEN_K, False)
-        w = w.to(tl.float32)  # FP8 too: e4m3 widens exactly, the scale waits for the store
-        acc0 += tl.sum(w * _input_chunk(x_ptr, 0, stride_xm, offs_k, K, SILU_MUL, EVEN_K), axis=2)
-        if M > 1:
-            acc1 += tl.sum(w * _input_chunk(x_ptr, 1, stride_xm, offs_k, K, SILU_MUL, EVEN_K), axis=2)
-        if M > 2:
-            acc2 += tl.sum(w * _input_chunk(x_ptr, 2, stride_xm, offs_k, K, SILU_MUL, EVEN_K), axis=2)
-        if M > 3:
-            acc3 += tl.sum(w * _input_chunk(x_ptr, 3, stride_xm, offs_k, K, SILU_MUL, EVEN_K), axis=2)
+        w = _weight_chunk(w_rows, offs_k, K, EVEN_K)
+        acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, offs_k, K,
+                                             M, SILU_MUL, EVEN_K)
 
     scale = 1.0
     bias = 0.0
@@ -357,7 +351,7 @@ def gemv(
         n, k, k_per_split, x2.stride(0), weight.stride(0), out2.stride(0),
         M=m, HAS_SCALE=fp8, SCALE_PER_ROW=per_row, HAS_BIAS=has_bias, SILU_MUL=silu_mul, PARTIAL=splits > 1, EVEN_K=k % k_per_split == 0,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FOLD=min(cfg.fold, cfg.block_k),
-        PREFETCH=cfg.prefetch, PDL=pdl.flag(x2), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PDL=pdl.flag(x2), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **pdl.options(x2),
     )
     if splits > 1:

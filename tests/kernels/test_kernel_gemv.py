@@ -19,9 +19,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SMALL = GemvConfig(block_n=16, block_k=32, split_k=1, num_warps=4)
 SPLIT = GemvConfig(block_n=16, block_k=32, split_k=3, num_warps=4)
 UNFOLDED = GemvConfig(block_n=16, block_k=64, split_k=2, num_warps=4, fold=1)
-# prefetch: the next chunk is loaded before this one is used (the masked tail is the last chunk)
-PREFETCH = GemvConfig(block_n=16, block_k=32, split_k=3, num_warps=4, prefetch=True)
-CONFIGS = {"whole-k": SMALL, "split-k": SPLIT, "fold-1-split-k": UNFOLDED, "prefetch-split-k": PREFETCH}
+CONFIGS = {"whole-k": SMALL, "split-k": SPLIT, "fold-1-split-k": UNFOLDED}
 # Each test below runs a covering set of its axes (kernel_testing.pairwise: every value, and every
 # pair of values, in some case), not the whole cross product: the interpreter makes each case cost.
 
@@ -48,11 +46,10 @@ def test_gemv_odd_shape(dtype, rows, bias, config):
     check(*linear_inputs(rows, 67, 130, dtype, bias), None, config)
 
 
-@pytest.mark.parametrize(**pairwise(dtype=DTYPES, rows=[1, 4], split_k=[1, 2, 4], fold=[1, 8],
-                                     prefetch=[False, True]))
-def test_gemv_even_k(dtype, rows, split_k, fold, prefetch):
+@pytest.mark.parametrize(**pairwise(dtype=DTYPES, rows=[1, 4], split_k=[1, 2, 4], fold=[1, 8]))
+def test_gemv_even_k(dtype, rows, split_k, fold):
     # K a multiple of the split length: the unmasked loop
-    config = GemvConfig(block_n=8, block_k=64, split_k=split_k, num_warps=4, fold=fold, prefetch=prefetch)
+    config = GemvConfig(block_n=8, block_k=64, split_k=split_k, num_warps=4, fold=fold)
     check(*linear_inputs(rows, 40, 256, dtype, bias=True), None, config)
 
 

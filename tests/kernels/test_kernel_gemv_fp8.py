@@ -35,7 +35,6 @@ CONFIGS = {
     "fold-16": GemvConfig(block_n=16, block_k=32, split_k=1, num_warps=4, fold=16),
     "split-k": GemvConfig(block_n=16, block_k=32, split_k=3, num_warps=4, fold=16),
     "fold-1-split-k": GemvConfig(block_n=8, block_k=64, split_k=2, num_warps=4, fold=1),
-    "prefetch": GemvConfig(block_n=16, block_k=32, split_k=1, num_warps=4, fold=16, prefetch=True),
 }
 PER_ROW = {"per-channel": True, "per-tensor": False}
 # The tests over several axes run a covering set of them (kernel_testing.pairwise: every value,
