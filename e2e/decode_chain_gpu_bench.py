@@ -165,7 +165,7 @@ def run_chain(torch, chain: Chain, pdl_on: bool, replays: int, smoke: bool) -> t
 
 def candidates(name: str, smoke: bool, first=None):
     """1-row launches of the FP8 GEMV to try for a projection: the runtime's own (first), then
-    tiles of 16 to 64 weights a thread, fold 16 (one 16-byte load) or 1, in a fixed shuffled order,
+    tiles of 16 to 128 weights a thread, fold 16 (one 16-byte load) or 1, in a fixed shuffled order,
     so that a time budget samples the whole grid."""
     import random
 
@@ -175,8 +175,10 @@ def candidates(name: str, smoke: bool, first=None):
         return [GemvConfig(16, 32, 1, 4, 1, fold=16), GemvConfig(8, 64, 1, 4, 1, fold=1)]
     n, k, _ = SHAPES[name]
     grid = []
-    for bn, bk, warps, fold in itertools.product((4, 8, 16, 32), (256, 512, 1024, 2048), (4, 8), (1, 16)):
-        if bn * bk // (warps * 32) in (16, 32, 64) and bk <= k and n // bn >= 132:
+    # up to a whole 4096-wide row per chunk: the first chunk is loaded before the PDL wait, so a
+    # program that holds all its K streams its whole share while the kernels before it still run
+    for bn, bk, warps, fold in itertools.product((2, 4, 8, 16, 32), (256, 512, 1024, 2048, 4096), (4, 8), (1, 16)):
+        if bn * bk // (warps * 32) in (16, 32, 64, 128) and bk <= k and n // bn >= 132:
             grid.append(GemvConfig(bn, bk, 1, warps, 1, fold=fold))
     random.Random(0).shuffle(grid)
     head = [first] if first is not None else []

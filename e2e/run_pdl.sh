@@ -5,7 +5,9 @@
 #     chain        e2e/decode_chain_gpu_bench.py: 32 decode layers at one row as one CUDA graph, PDL off and on
 #                  (same bits both ways), FP8 and bf16, and the FP8 GEMV's 1-row launches swept with PDL on
 #     w2           W2 (bench latency, 8B shape) bf16 and FP8, each with PDL off then on (the off run is the peer)
+#     w2fp8        W2 FP8 only
 #     w1           W1 (bench throughput, bf16) with PDL off then on: batches above the GEMV's rows
+#     w4           W4 (bench throughput, 1,024 seats) with PDL off then on
 #     correctness  e2e/gpu_correctness.py --enable-pdl (8 layers of the 8B shape and the 0.5B shape against
 #                  transformers, graphs against eager)
 #
@@ -47,20 +49,22 @@ w2() {  # [--quantization fp8]: off, then on against it
         --out "$RES" || return 1
     mark "$tag" on
 }
-w1() {
+w1() {  # WORKLOAD: off, then on
     local flag
     for flag in off on; do
         # shellcheck disable=SC2086
-        timeout 200 "$PY" -m pagoda.runtime.cli bench throughput --workload W1 --backend pagoda --warmup-tokens 16 \
+        timeout 200 "$PY" -m pagoda.runtime.cli bench throughput --workload "$1" --backend pagoda --warmup-tokens 16 \
             --"$([ $flag = on ] || echo no-)"enable-pdl ${ENGINE_ARGS:-} --out "$RES" || return 1
-        mark W1-pagoda $flag
+        mark "$1"-pagoda $flag
     done
 }
 for s in "${STAGES[@]}"; do
     case $s in
         chain) stage chain timeout 420 "$PY" e2e/decode_chain_gpu_bench.py ${CHAIN_ARGS:-} --out "$RES" ;;
         w2) stage w2-bf16 w2; stage w2-fp8 w2 --quantization fp8 ;;
-        w1) stage w1 w1 ;;
+        w2fp8) stage w2-fp8 w2 --quantization fp8 ;;
+        w1) stage w1 w1 W1 ;;
+        w4) stage w4 w1 W4 ;;
         correctness) stage correctness timeout 300 "$PY" e2e/gpu_correctness.py --enable-pdl --llama-layers 8 \
             --out "$RES/gpu-correctness-pdl-${PAGODA_COMMIT:-local}.json" ;;
         *) echo "unknown stage $s"; exit 2 ;;
