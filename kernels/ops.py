@@ -146,19 +146,20 @@ def configure(enable_gemv: bool = True, fused_rope_kv: bool = True, pdl: bool = 
               device: torch.device | None = None) -> None:
     """Install the engine's kernel choices; the model runner calls it once, when it starts (each
     tensor-parallel worker too), before any kernel runs. pdl (kernels/pdl.py) takes effect only on
-    a device that has it; elsewhere it is off, with a warning."""
+    a GPU that has it (an older GPU logs a warning; the CPU needs none)."""
     global GEMV_ENABLED, FUSED_ROPE_KV
     GEMV_ENABLED, FUSED_ROPE_KV = enable_gemv, fused_rope_kv
-    # pdl.py imports Triton: a CPU process that never asks for PDL never loads it
+    # pdl.py imports Triton: a CPU process never loads it for this
     launch = sys.modules.get("pagoda.kernels.pdl")
-    if pdl:
+    wanted = pdl and device is not None and device.type == "cuda"
+    if wanted:
         from pagoda.kernels import pdl as launch
 
         if not launch.supported(device):
-            logger.warning("--enable-pdl needs a GPU of compute capability 9.0 or later (device %s): left off",
-                           device)
+            logger.warning("--enable-pdl needs a GPU of compute capability 9.0 or later (%s): left off",
+                           torch.cuda.get_device_name(device))
     if launch is not None:
-        launch.ENABLED = pdl and launch.supported(device)
+        launch.ENABLED = wanted and launch.supported(device)
 
 
 def _use_gemv(x, weight, bias=None) -> bool:

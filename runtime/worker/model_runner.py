@@ -100,7 +100,7 @@ class ModelRunner:
         enforce_eager: bool = False,
         enable_gemv: bool = True,
         fused_rope_kv: bool = True,
-        enable_pdl: bool = False,
+        enable_pdl: bool = True,
         pooling_type: str | None = None,
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",

@@ -1,4 +1,4 @@
-"""--enable-pdl's switch (kernels/pdl.py): it takes effect only where the device has PDL, and a CPU
+"""--enable-pdl's switch (kernels/pdl.py): it takes effect only on a GPU that has PDL, and a CPU
 tensor never gets a PDL launch, whatever the switch says (the interpreter has no such launch)."""
 
 import logging
@@ -16,16 +16,28 @@ def restore():
     pdl.ENABLED = before
 
 
-def test_configure_leaves_pdl_off_without_a_hopper_gpu(caplog):
+def test_configure_leaves_pdl_off_on_the_cpu_quietly(caplog):
+    pdl.ENABLED = True
     with caplog.at_level(logging.WARNING, logger="pagoda.kernels.ops"):
         ops.configure(pdl=True, device=torch.device("cpu"))
     assert pdl.ENABLED is False
-    assert "--enable-pdl needs a GPU of compute capability 9.0" in caplog.text
+    assert "enable-pdl" not in caplog.text
 
 
-def test_configure_turns_pdl_off_again():
-    pdl.ENABLED = True
-    ops.configure(device=torch.device("cpu"))
+def test_configure_warns_on_a_gpu_without_pdl(caplog, monkeypatch):
+    monkeypatch.setattr(pdl, "supported", lambda device: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "an Ampere GPU")
+    with caplog.at_level(logging.WARNING, logger="pagoda.kernels.ops"):
+        ops.configure(pdl=True, device=torch.device("cuda"))
+    assert pdl.ENABLED is False
+    assert "--enable-pdl needs a GPU of compute capability 9.0 or later (an Ampere GPU)" in caplog.text
+
+
+def test_configure_turns_pdl_on_and_off_where_supported(monkeypatch):
+    monkeypatch.setattr(pdl, "supported", lambda device: True)
+    ops.configure(pdl=True, device=torch.device("cuda"))
+    assert pdl.ENABLED is True
+    ops.configure(pdl=False, device=torch.device("cuda"))
     assert pdl.ENABLED is False
 
 

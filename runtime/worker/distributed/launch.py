@@ -44,7 +44,7 @@ class WorkerSpec:
     world_size: int
     enable_gemv: bool = True
     fused_rope_kv: bool = True
-    enable_pdl: bool = False
+    enable_pdl: bool = True
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
     start_timeout_s: float = 1800.0  # a 70B load is slow
