@@ -88,6 +88,10 @@ class Request:
     # Whether a sampled token can end it before its length does (EOS, a stop token id, a grammar,
     # or a stop string the frontend finds): only then is a seat freed at a step nobody foresaw.
     stops_on_token: bool = field(default=False, init=False)
+    # Whether scheduling it ahead needs what the host has only once the step in flight is read:
+    # its history for penalties, its grammar's matcher, or its prompt logprobs' progress
+    # (scheduler._needs_host_state, checked for every running request of a mixed step ahead).
+    needs_host_state: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         if not self.parent_id:
@@ -101,6 +105,7 @@ class Request:
                              and not params.has_penalties)
         self.output_limit = self.max_tokens
         self.stops_on_token = self.stop_eos is not None or not self.simple_stops or bool(params.stop)
+        self.needs_host_state = self.needs_history or self.grammar is not None or params.prompt_logprobs is not None
         if not self.defer_hashes:
             self._update_block_hashes()
 

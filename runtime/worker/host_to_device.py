@@ -19,3 +19,23 @@ def tensor_on(device: torch.device, values: list, dtype: torch.dtype) -> torch.T
 def index_on(device: torch.device, values: list) -> torch.Tensor:
     """An int64 index tensor on `device` (see tensor_on)."""
     return tensor_on(device, values, torch.long)
+
+
+def positions_in(items: list, within: list) -> list[int]:
+    """Where each of `items` sits in `within`, by identity (KeyError if one is not there): the
+    rows of a step's requests among the previous step's. Those are the previous rows less the
+    requests that finished, in order, so one walk along `within` finds them (a third of the
+    time of a dict of every row, W4's ~1,000 of them, when requests finish); other orders take
+    the dict."""
+    rows, candidates = [], enumerate(within)
+    for x in items:
+        for j, y in candidates:
+            if y is x:
+                rows.append(j)
+                break
+        else:
+            break  # not found after the last match: not in order
+    else:
+        return rows
+    where = {id(y): j for j, y in enumerate(within)}
+    return [where[id(x)] for x in items]

@@ -7,14 +7,16 @@ staging array, copies the used prefix to the device in one H2D copy, and scatter
 buffers with device copies. Nothing is read back, so building a batch never waits for the GPU.
 
 Block tables change little from step to step, so the builder keeps a persistent host table and
-rewrites a row only where its owner or length changed (block_tables.py). A decode step (one token
-per sequence, the common step) is built with numpy over whole columns; a step with prefill rows
-row by row.
+rewrites a row only where its owner or length changed (block_tables.py). Every step is built with
+numpy over whole columns, read from the requests with C-level maps; a step with prefill rows
+copies each chunk's token ids row by row.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import attrgetter, itemgetter
 
 import numpy as np
 import torch
@@ -124,11 +126,21 @@ class StepBatch:
     prompt_rows: list[tuple[Request, int, int, int]] = field(default_factory=list)
     layout: StageLayout | None = None  # where each field sits in the staged host array
     pad_seqs: int = 0  # >0: a decode step padded to this CUDA-graph bucket
-    # A step scheduled ahead of a mixed one: (row, request) of the rows whose input id is the
-    # step in flight's sample (the runner copies it in on the device), and per sampled row the
+    # A step scheduled ahead of a mixed one: the rows whose input id is the step in flight's
+    # sample (the runner copies it in on the device) and their requests, and per sampled row the
     # tokens its request has in flight (1 for those rows, else 0).
-    fed_rows: list[tuple[int, Request]] = field(default_factory=list)
+    fed_rows: np.ndarray | None = None
+    fed_requests: list[Request] = field(default_factory=list)
     sample_pending: list[int] = field(default_factory=list)
+
+
+def _column(values, n: int) -> np.ndarray:
+    return np.fromiter(values, dtype=np.int64, count=n)
+
+
+_REQUEST, _NUM_TOKENS, _OFFSET, _FED = (attrgetter(a) for a in ("request", "num_tokens", "offset", "fed"))
+_COMPUTED, _PROMPT, _OUTPUT = (attrgetter(a) for a in ("num_computed_tokens", "prompt_token_ids", "output_token_ids"))
+_PROMPT_LOGPROBS = attrgetter("sampling_params.prompt_logprobs")
 
 
 def _token_at(r: Request, index: int) -> int:
@@ -152,6 +164,7 @@ class BatchBuilder:
         self.block_size = block_size
         self.tables = BlockTables(buffers.max_seqs, buffers.max_blocks)
         self._rows = np.arange(buffers.max_seqs + 1)
+        self._tokens = np.arange(buffers.max_tokens)
 
     def build(self, sched: SchedulerOutput, kv: KVCacheManager, pad_seqs: int | None,
               pad_tokens: int | None = None) -> StepBatch:
@@ -181,12 +194,12 @@ class BatchBuilder:
         one-token prefill chunk (it samples nothing, and may want prompt logprobs): the general
         path builds that step."""
         bs, n = self.block_size, len(requests)
-        starts = [r.num_computed_tokens for r in requests]
+        pos = _column(map(_COMPUTED, requests), n)
         if ahead:
             ids = None  # in flight: the runner copies them in on the device
         else:
             ids = []
-            for r, start in zip(requests, starts):
+            for r, start in zip(requests, pos.tolist()):
                 prompt, output = r.prompt_token_ids, r.output_token_ids
                 if start + 1 != len(prompt) + len(output):
                     return None
@@ -194,7 +207,6 @@ class BatchBuilder:
         width = self.tables.sync(requests, kv)
         padded = pad_seqs or n
         padded_tokens = pad_tokens or padded
-        pos = np.array(starts, dtype=np.int64)
         if ahead:
             pos += 1
         batch = StepBatch(n, n, padded, padded_tokens, 1, int(pos.max()) + 1, num_decode_seqs=n,
@@ -213,79 +225,81 @@ class BatchBuilder:
 
     def _mixed_rows(self, sched: SchedulerOutput, kv: KVCacheManager, ahead: int, pad_seqs: int | None,
                     pad_tokens: int | None) -> StepBatch:
-        scheduled, decodes = batch_order(sched.scheduled)
+        scheduled = sched.scheduled
         bs = self.block_size
         num_seqs = len(scheduled)
-        # A step scheduled ahead is one decode token per request by construction.
-        num_tokens = num_seqs if sched.ahead else sum(s.num_tokens for s in scheduled)
+        # Per-row columns, read with C-level maps and computed with numpy: W4 admits prompts
+        # beside ~1,000 decodes, and the GPU waits for this step (a Python loop over the rows cost
+        # ~1.5 ms of it).
+        n = _column(map(_NUM_TOKENS, scheduled), num_seqs)
+        fed = _column(map(_FED, scheduled), num_seqs)
+        offset = _column(map(_OFFSET, scheduled), num_seqs)
+        one = n == 1
+        nd = int(one.sum())
+        if 0 < nd < num_seqs and not one[:nd].all():  # batch_order: the one-token rows first
+            order = np.argsort(~one, kind="stable")
+            scheduled = list(itemgetter(*order.tolist())(scheduled))
+            n, fed, offset = n[order], fed[order], offset[order]
+        requests = list(map(_REQUEST, scheduled))
+        start = _column(map(_COMPUTED, requests), num_seqs) + offset + ahead
+        end = start + n
+        known = (_column(map(len, map(_PROMPT, requests)), num_seqs)
+                 + _column(map(len, map(_OUTPUT, requests)), num_seqs))
+        row_end = np.cumsum(n)
+        row0 = row_end - n
+        num_tokens = int(row_end[-1])
         padded = pad_seqs or num_seqs
         padded_tokens = pad_tokens or num_tokens + (padded - num_seqs)
-        width = self.tables.sync([s.request for s in scheduled], kv)
+        width = self.tables.sync(requests, kv)
         table = self.tables.table
 
-        # Sampled rows first, on the host: whether they are all rows decides the layout.
-        batch = StepBatch(num_tokens, num_seqs, padded, padded_tokens, 0, 0)
-        logits_rows: list[int] = []
-        seq_lens: list[int] = []
-        row0 = 0
-        mixed_ahead = sched.mixed_ahead
-        for item in scheduled:
-            r, start = item.request, item.request.num_computed_tokens + ahead + item.offset
-            end = start + item.num_tokens
-            seq_lens.append(end)
-            if end == r.num_tokens + ahead + item.fed:
-                logits_rows.append(row0 + item.num_tokens - 1)
-                batch.sample_requests.append(r)
-                if mixed_ahead:
-                    batch.sample_pending.append(int(item.fed))
-            if r.wants_prompt_logprobs:
+        # Sampled rows: those that end their request's known tokens (a fed row's known tokens
+        # include the one in flight), first on the host: whether they are all rows decides the layout.
+        batch = StepBatch(num_tokens, num_seqs, padded, padded_tokens, int(n.max()), int(end.max()),
+                          num_decode_seqs=nd)
+        sampled = end == known + ahead + fed
+        sampled_list = sampled.tolist()
+        batch.sample_requests = list(compress(requests, sampled_list))
+        logits_rows = row_end[sampled] - 1
+        if sched.mixed_ahead:
+            batch.sample_pending = fed[sampled].tolist()
+        prompt_logprobs = list(map(_PROMPT_LOGPROBS, requests))
+        if prompt_logprobs.count(None) != num_seqs:
+            for i in (i for i, k in enumerate(prompt_logprobs) if k is not None):
                 # Row p predicts prompt token p + 1; take the ones not reported yet.
-                first = max(start + 1, 1 + r.num_prompt_logprobs)
-                last = min(end + 1, r.num_prompt_tokens)
+                r, s0, e0 = requests[i], int(start[i]), int(end[i])
+                first = max(s0 + 1, 1 + r.num_prompt_logprobs)
+                last = min(e0 + 1, r.num_prompt_tokens)
                 if first < last:
-                    batch.prompt_rows.append((r, row0 + first - 1 - start, first, last))
-            row0 += item.num_tokens
-        batch.max_query_len = max(s.num_tokens for s in scheduled)
-        batch.num_decode_seqs = len(decodes)
-        batch.max_seq_len = max(seq_lens)
-        batch.sample_all_rows = len(logits_rows) == num_seqs == num_tokens
+                    batch.prompt_rows.append((r, int(row0[i]) + first - 1 - s0, first, last))
+        batch.sample_all_rows = len(batch.sample_requests) == num_seqs == num_tokens
         layout = batch.layout = StageLayout(
-            padded_tokens, padded, 0 if batch.sample_all_rows else len(logits_rows), num_seqs, width
+            padded_tokens, padded, 0 if batch.sample_all_rows else len(batch.sample_requests), num_seqs, width
         )
         st = self.buffers.next_stage()
         ids = st[layout.ids : layout.ids + padded_tokens]
-        pos = st[layout.pos : layout.pos + padded_tokens]
-        slots = st[layout.slots : layout.slots + padded_tokens]
-        qsl = st[layout.qsl : layout.qsl + padded + 1]
 
-        # The one-token rows lead (batch_order): row i is scheduled[i]; written as whole columns
-        # (W4 admits prompts beside up to 1,024 of them, and the GPU waits for this step).
-        nd = len(decodes)
-        if nd:
-            starts = [s.request.num_computed_tokens + ahead + s.offset for s in scheduled[:nd]]
-            if ahead:
-                ids[:nd] = 0  # placeholders for the in-flight tokens
-            else:  # (0 too for a fed row: the runner copies its token in)
-                ids[:nd] = [0 if s.fed else _token_at(s.request, start) for s, start in zip(scheduled[:nd], starts)]
-                if mixed_ahead:
-                    batch.fed_rows = [(i, s.request) for i, s in enumerate(scheduled[:nd]) if s.fed]
-            p = np.array(starts, dtype=np.int64)
-            pos[:nd] = p
-            slots[:nd] = table[self._rows[:nd], p // bs].astype(np.int64) * bs + p % bs
-            qsl[: nd + 1] = self._rows[: nd + 1]
-        row0 = nd
+        # Positions and slots of every token at once: token t of row i is at start[i] + t - row0[i].
+        p = np.repeat(start - row0, n) + self._tokens[:num_tokens]
+        st[layout.pos : layout.pos + num_tokens] = p
+        blocks = table.ravel().take(np.repeat(self._rows[:num_seqs] * table.shape[1], n) + p // bs)
+        st[layout.slots : layout.slots + num_tokens] = blocks.astype(np.int64) * bs + p % bs
+        qsl = st[layout.qsl : layout.qsl + num_seqs + 1]
         qsl[0] = 0
+        qsl[1:] = row_end
+        # Input ids: the one-token rows lead (batch_order), row i being scheduled[i]; a fed row's
+        # is 0 (the runner copies its token in), as is a step ahead's (in flight).
+        if ahead or fed[:nd].all():
+            ids[:nd] = 0
+        else:
+            ids[:nd] = [0 if f else _token_at(r, i) for r, f, i in zip(requests, fed[:nd].tolist(), start.tolist())]
+        if sched.mixed_ahead and not ahead:
+            batch.fed_rows = np.flatnonzero(fed[:nd])
+            batch.fed_requests = list(compress(requests, fed[:nd].tolist()))
         for i in range(nd, num_seqs):
-            item = scheduled[i]
-            r, n = item.request, item.num_tokens
-            start = r.num_computed_tokens + ahead + item.offset
-            p = np.arange(start, start + n)
-            ids[row0 : row0 + n] = r.token_ids_slice(start, start + n)
-            pos[row0 : row0 + n] = p
-            slots[row0 : row0 + n] = table[i, p // bs].astype(np.int64) * bs + p % bs
-            row0 += n
-            qsl[i + 1] = row0
-        st[layout.seq_lens : layout.seq_lens + num_seqs] = seq_lens
+            s0, r0 = int(start[i]), int(row0[i])
+            ids[r0 : int(row_end[i])] = requests[i].token_ids_slice(s0, s0 + int(n[i]))
+        st[layout.seq_lens : layout.seq_lens + num_seqs] = end
         self._pad(st, layout, num_tokens, num_seqs)
         if layout.num_logits:
             st[layout.logits : layout.logits + layout.num_logits] = logits_rows

@@ -33,7 +33,7 @@ from pagoda.runtime.core.scheduler import SchedulerOutput
 from pagoda.runtime.model_config import ModelConfig
 from pagoda.runtime.worker.attention_context import AttentionContext, attention_context
 from pagoda.runtime.worker.cuda_graphs import DecodeGraphs, capture_sizes, padded_size
-from pagoda.runtime.worker.host_to_device import index_on
+from pagoda.runtime.worker.host_to_device import index_on, positions_in
 from pagoda.runtime.worker.input_batch import BatchBuilder, InputBuffers, StepBatch, batch_order
 from pagoda.runtime.worker.model_loader import TORCH_DTYPES, kv_cache_torch_dtype, load_model
 from pagoda.runtime.worker.piecewise_graphs import MixedStepGraphs, mixed_capture_sizes, padded_tokens
@@ -282,8 +282,8 @@ class ModelRunner:
             self.on_staged(batch)
         if sched.ahead:
             self._feed_in_flight_tokens(sched, previous)
-        elif batch.fed_rows:
-            self._feed_rows(batch.fed_rows, previous)
+        elif batch.fed_requests:
+            self._feed_rows(batch.fed_rows, batch.fed_requests, previous)
         if pad is not None:
             return batch, self.graphs.run(pad)
         if bucket is not None:
@@ -305,25 +305,22 @@ class ModelRunner:
         if requests == previous.requests[:n]:  # the same rows in the same order (identity)
             self.buffers.input_ids[:n].copy_(src[:n])
         else:  # some requests finished in the previous step
-            rows = {id(r): i for i, r in enumerate(previous.requests)}
             # Not a blocking copy: that would wait for the step in flight, the very wait that
             # scheduling ahead removes.
-            self.buffers.input_ids[:n].copy_(src[index_on(src.device, [rows[id(r)] for r in requests])])
+            self.buffers.input_ids[:n].copy_(src[index_on(src.device, positions_in(requests, previous.requests))])
 
-    def _feed_rows(self, fed: list[tuple[int, Request]], previous: PendingStep | None) -> None:
+    def _feed_rows(self, rows: np.ndarray, requests: list[Request], previous: PendingStep | None) -> None:
         """Input ids of the fed rows of a step scheduled ahead of a mixed one: each its request's
         sample in `previous`, copied on the device into that row."""
         if previous is None or previous.device_token_ids is None:
             raise RuntimeError("a step scheduled ahead needs the launched step it follows")
-        src, n = previous.device_token_ids, len(fed)
-        rows = {id(r): i for i, r in enumerate(previous.requests)}
-        dst = [row for row, _ in fed]
-        picked = [rows[id(r)] for _, r in fed]
-        if dst == picked == list(range(n)):
+        src, n = previous.device_token_ids, len(requests)
+        picked = positions_in(requests, previous.requests)
+        if rows[-1] == n - 1 and picked == rows.tolist():  # (rows ascend: they are 0..n-1)
             self.buffers.input_ids[:n].copy_(src[:n])
         else:
             dev = src.device
-            self.buffers.input_ids.index_copy_(0, index_on(dev, dst), src[index_on(dev, picked)])
+            self.buffers.input_ids.index_copy_(0, index_on(dev, rows), src[index_on(dev, picked)])
 
     def forward_eager(
         self, num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int, num_decode_seqs: int = 0

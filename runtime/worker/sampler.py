@@ -14,6 +14,7 @@ an unseeded one gets a seed from the engine's generator the first time it sample
 from __future__ import annotations
 
 import random
+from operator import attrgetter
 
 import torch
 
@@ -22,6 +23,8 @@ from pagoda.runtime.core.outputs import TokenLogprobs
 from pagoda.runtime.core.request import Request
 from pagoda.runtime.worker.host_to_device import index_on
 from pagoda.runtime.worker.token_constraints import apply_token_constraints
+
+_PLAIN_GREEDY = attrgetter("plain_greedy")
 
 
 def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: list[int]) -> list[TokenLogprobs]:
@@ -75,7 +78,7 @@ class Sampler:
         for: those are host lists), and each row's logprobs or None. pending: output tokens each
         request has in flight, not yet appended (1 for a step scheduled ahead; per row for one
         scheduled ahead of a mixed step)."""
-        if all(r.plain_greedy for r in requests):
+        if all(map(_PLAIN_GREEDY, requests)):
             # The common offline case, in one pass over the rows: the general path below would
             # find every row greedy with nothing to mask, and take this very argmax.
             return greedy_argmax(logits), [None] * len(requests)

@@ -36,6 +36,11 @@ class KVCacheManager:
         self.req_to_blocks: dict[str, list[KVBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}  # how many of a request's blocks are hashed
         self.num_dropped_blocks: dict[str, int] = {}  # leading blocks given back under the window
+        # Per request, a token count up to which allocate_slots has nothing to do: its blocks hold
+        # that many tokens and none of them completes a block not yet cached. allocate_decode_slots
+        # checks every running request every step (W4: ~1,000 rows), and this makes the common
+        # case one lookup and one comparison; past it the full check (_has_room) decides.
+        self.room_end: dict[str, int] = {}
         self.prefix_cache_queries = 0  # tokens looked up
         self.prefix_cache_hits = 0  # tokens found
 
@@ -128,28 +133,31 @@ class KVCacheManager:
             request.request_id, 0
         )
 
-    def allocate_decode_slots(self, requests: list[Request], num_new_tokens: int, in_flight: int = 0) -> bool:
+    def allocate_decode_slots(self, requests: list[Request], num_new_tokens: int, in_flight: int = 0,
+                              reserve: int = 0) -> bool:
         """allocate_slots(r, num_new_tokens, in_flight=in_flight) for every running request, or for
-        none (False) when the pool cannot give them all their new blocks. Most requests have room
-        already (_has_room, inlined: one pass per step over every running request), so only the
-        rest are allocated."""
+        none (False) when the pool cannot give them all their new blocks and `reserve` more (which
+        the caller allocates next). Most requests have room already (room_end, then _has_room,
+        inlined: one pass per step over every running request), so only the rest are allocated."""
         if self.sliding_window is not None:
-            if sum(self.num_new_blocks(r, num_new_tokens) for r in requests) > self.block_pool.num_free_blocks:
+            if sum(self.num_new_blocks(r, num_new_tokens) for r in requests) + reserve > self.block_pool.num_free_blocks:
                 return False
             for r in requests:
                 self.allocate_slots(r, num_new_tokens, in_flight=in_flight)
             return True
-        bs, tables, num_cached = self.block_size, self.req_to_blocks, self.num_cached_blocks
+        bs, tables, num_cached, room = self.block_size, self.req_to_blocks, self.num_cached_blocks, self.room_end.get
         rest, needed = [], 0
         for r in requests:
-            blocks = tables.get(r.request_id, ())
             total = r.num_computed_tokens + num_new_tokens
+            if total <= room(r.request_id, -1):
+                continue
+            blocks = tables.get(r.request_id, ())
             if total > len(blocks) * bs:
                 needed += -(-total // bs) - len(blocks)
             elif min(total // bs, len(r.block_hashes)) <= num_cached.get(r.request_id, 0):
                 continue  # room, and no block newly full to cache
             rest.append(r)
-        if needed > self.block_pool.num_free_blocks:
+        if needed + reserve > self.block_pool.num_free_blocks:
             return False
         for r in rest:
             self._allocate(r, num_new_tokens, [])
@@ -176,24 +184,29 @@ class KVCacheManager:
         blocks = self.req_to_blocks.setdefault(request.request_id, [])
         blocks.extend(new_computed_blocks)
         blocks.extend(new_blocks)
-        self._cache_full_blocks(request, blocks, total)
+        num_cached = self._cache_full_blocks(request, blocks, total)
+        bs = self.block_size
+        self.room_end[request.request_id] = min(len(blocks) * bs, (num_cached + 1) * bs - 1)
         return new_blocks
 
-    def _cache_full_blocks(self, request: Request, blocks: list[KVBlock], num_tokens: int) -> None:
+    def _cache_full_blocks(self, request: Request, blocks: list[KVBlock], num_tokens: int) -> int:
+        """Cache the request's blocks that num_tokens fill; returns how many are cached now."""
         # A block is cached once its tokens are known and scheduled; the forward pass writes every
         # layer's KV for the whole batch before any attention reads it, so a request scheduled in
         # the same step may already hit it.
         start = self.num_cached_blocks.get(request.request_id, 0)
         end = min(num_tokens // self.block_size, len(request.block_hashes))
-        for i in range(start, end):
-            self.block_pool.cache_full_block(blocks[i], request.block_hashes[i])
-        self.num_cached_blocks[request.request_id] = max(start, end)
+        if end > start:
+            self.block_pool.cache_full_blocks(blocks, request.block_hashes, start, end)
+        num_cached = self.num_cached_blocks[request.request_id] = max(start, end)
+        return num_cached
 
     def free(self, request: Request) -> None:
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_blocks.pop(request.request_id, None)
+        self.room_end.pop(request.request_id, None)
         dropped = self.num_dropped_blocks.pop(request.request_id, 0)
-        self.block_pool.free_blocks(list(reversed(blocks[dropped:])))
+        self.block_pool.free_blocks(reversed(blocks[dropped:] if dropped else blocks))
 
     def num_wasted_slots(self, request: Request) -> int:
         """Allocated slots the request has not filled and no launched step is filling: under one
