@@ -8,6 +8,8 @@
 #     w2fp8        W2 FP8 only
 #     w1           W1 (bench throughput, bf16) with PDL off then on: batches above the GEMV's rows
 #     w4           W4 (bench throughput, 1,024 seats) with PDL off then on
+#     w4busy       W4 at the defaults with the profiler's GPU-busy figure (--gpu-busy 1024)
+#     fp8correct   e2e/gpu_fp8.py at the defaults: FP8 and FP8+FP8-KV logits against transformers
 #     correctness  e2e/gpu_correctness.py --enable-pdl (8 layers of the 8B shape and the 0.5B shape against
 #                  transformers, graphs against eager)
 #
@@ -65,6 +67,10 @@ for s in "${STAGES[@]}"; do
         w2fp8) stage w2-fp8 w2 --quantization fp8 ;;
         w1) stage w1 w1 W1 ;;
         w4) stage w4 w1 W4 ;;
+        w4busy) stage w4-busy timeout 300 "$PY" -m pagoda.runtime.cli bench throughput --workload W4 --backend pagoda \
+            --gpu-busy 1024 ${ENGINE_ARGS:-} --out "$RES" ;;
+        fp8correct) stage fp8-correctness timeout 300 "$PY" e2e/gpu_fp8.py \
+            --out "$RES/gpu-fp8-correctness-${PAGODA_COMMIT:-local}.json" ;;
         correctness) stage correctness timeout 300 "$PY" e2e/gpu_correctness.py --enable-pdl --llama-layers 8 \
             --out "$RES/gpu-correctness-pdl-${PAGODA_COMMIT:-local}.json" ;;
         *) echo "unknown stage $s"; exit 2 ;;
