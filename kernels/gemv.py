@@ -300,7 +300,7 @@ def reduce_splits(partials, weight_scale, per_row: bool, bias, out2) -> None:
     _split_k_reduce_kernel[(triton.cdiv(n, block), m)](
         partials, scale_arg, bias_arg, out2, n, out2.stride(0),
         M=m, SPLITS=splits, HAS_SCALE=weight_scale is not None, SCALE_PER_ROW=per_row,
-        HAS_BIAS=bias is not None, BLOCK=block, PDL=pdl.flag(out2), num_warps=4, **pdl.options(out2),
+        HAS_BIAS=bias is not None, BLOCK=block, PDL=(on := pdl.flag(out2, m)), num_warps=4, **pdl.options(on),
     )
 
 
@@ -351,8 +351,7 @@ def gemv(
         n, k, k_per_split, x2.stride(0), weight.stride(0), out2.stride(0),
         M=m, HAS_SCALE=fp8, SCALE_PER_ROW=per_row, HAS_BIAS=has_bias, SILU_MUL=silu_mul, PARTIAL=splits > 1, EVEN_K=k % k_per_split == 0,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FOLD=min(cfg.fold, cfg.block_k),
-        PDL=pdl.flag(x2), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **pdl.options(x2),
+        PDL=(on := pdl.flag(x2, m)), num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.options(on),
     )
     if splits > 1:
         reduce_splits(target, scale_arg if fp8 else None, per_row, bias, out2)

@@ -68,7 +68,7 @@ def rms_norm(
             x2, r2, weight, out2, nr2,
             x2.stride(0), r2.stride(0), out2.stride(0), nr2.stride(0),
             hidden, eps,
-            HAS_RESIDUAL=residual is not None, BLOCK=block, PDL=pdl.flag(x),
-            num_warps=max(1, min(16, block // 256)), **pdl.options(x),
+            HAS_RESIDUAL=residual is not None, BLOCK=block, PDL=(on := pdl.flag(x, rows)),
+            num_warps=max(1, min(16, block // 256)), **pdl.options(on),
         )
     return out if residual is None else (out, new_residual)

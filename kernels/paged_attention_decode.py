@@ -240,14 +240,14 @@ def paged_attention_decode(
         NUM_SPLITS=num_splits, GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=block_size, BLOCK_N=block_n or default_n,
         SOFTCAP=bool(softcap), PRECISION=dot_precision(query), FP8_AS_F16=fp8_as_f16(query, k_cache),
-        PDL=pdl.flag(query), num_warps=num_warps or default_warps, num_stages=num_stages or default_stages,
-        **pdl.options(query),
+        PDL=(on := pdl.flag(query, num_seqs)), num_warps=num_warps or default_warps,
+        num_stages=num_stages or default_stages, **pdl.options(on),
     )
     if num_splits > 1:
         _merge_kernel[(num_seqs, num_heads)](
             part_out, part_lse, query_start_loc, out, out.stride(0), out.stride(1),
             NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
-            HEAD_DIM=head_dim, BLOCK_D=block_d, PDL=pdl.flag(query), num_warps=4 if head_dim >= 128 else 2,
-            **pdl.options(query),
+            HEAD_DIM=head_dim, BLOCK_D=block_d, PDL=on, num_warps=4 if head_dim >= 128 else 2,
+            **pdl.options(on),
         )
     return out

@@ -35,14 +35,22 @@ def supported(device: torch.device | None) -> bool:
     return device is not None and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def flag(t: torch.Tensor) -> bool:
-    """Whether a launch on t's device takes PDL: the kernels' PDL constexpr."""
-    return ENABLED and t.is_cuda
+# Rows (tokens, or sequences for attention) up to which a launch takes PDL: decode's few rows, where
+# a layer's kernels are a few microseconds each and the GEMV streams weights (W2 on the H200: FP8
+# 2.90 -> 2.62 ms, bf16 4.50 -> 4.33). Past them a kernel runs long enough that its ramp matters
+# little: W1 (256 rows) was level with PDL, and W4 (1,024 seats) 101.9k / 92.0k tok/s with it
+# against 100.4k / 103.0k without in two pairs (e2e/PERF_NOTES.md), so large launches go without.
+MAX_ROWS = 4
 
 
-def options(t: torch.Tensor) -> dict:
-    """The launch keywords for a kernel whose PDL constexpr is flag(t)."""
-    return {"launch_pdl": True} if flag(t) else {}
+def flag(t: torch.Tensor, rows: int) -> bool:
+    """Whether a launch over `rows` rows on t's device takes PDL: the kernels' PDL constexpr."""
+    return ENABLED and rows <= MAX_ROWS and t.is_cuda
+
+
+def options(on: bool) -> dict:
+    """The launch keywords for a kernel whose PDL constexpr is `on`."""
+    return {"launch_pdl": True} if on else {}
 
 
 @triton.jit

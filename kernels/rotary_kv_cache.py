@@ -78,7 +78,8 @@ def rotary_kv_cache(
         HALF=half, BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_KH=triton.next_power_of_2(num_kv_heads),
         BLOCK_HALF=triton.next_power_of_2(half), BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_PASS=triton.next_power_of_2(max(pass_dim, 1)), HAS_PASS=pass_dim > 0,
-        FP8=k_cache.dtype == torch.float8_e4m3fn, ROUND_FIRST=round_first(k_cache), PDL=pdl.flag(query),
-        num_warps=4 if num_heads * head_dim >= 2048 else 1, **pdl.options(query),
+        FP8=k_cache.dtype == torch.float8_e4m3fn, ROUND_FIRST=round_first(k_cache),
+        PDL=(on := pdl.flag(query, num_tokens)), num_warps=4 if num_heads * head_dim >= 2048 else 1,
+        **pdl.options(on),
     )
     return query

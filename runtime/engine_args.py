@@ -134,8 +134,9 @@ class EngineArgs:
                                    "layers: instead of quantize + torch._scaled_mm)",
                              type=bool)
     fused_rope_kv: bool = knob(True, "rotary embedding fused with the KV-cache write (one kernel)", type=bool)
-    # On by default since three H200 calls (e2e/PERF_NOTES.md, "Programmatic dependent launch"): W2
-    # 2.91 -> 2.64 ms FP8 and 4.50 -> 4.33 bf16, W1 and W4 level, greedy bits unchanged.
+    # On by default since four H200 calls (e2e/PERF_NOTES.md, "Programmatic dependent launch"): W2
+    # 2.90 -> 2.62 ms FP8 and 4.50 -> 4.33 bf16, greedy bits unchanged; only launches of a few rows
+    # take it (kernels/pdl.MAX_ROWS), as W1 was level and W4 mixed.
     enable_pdl: bool = knob(True, "programmatic dependent launch (Hopper+): each decode kernel starts while the "
                                   "one before it ends, and a GEMV streams its first weights meanwhile",
                             type=bool)

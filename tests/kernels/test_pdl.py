@@ -1,5 +1,6 @@
-"""--enable-pdl's switch (kernels/pdl.py): it takes effect only on a GPU that has PDL, and a CPU
-tensor never gets a PDL launch, whatever the switch says (the interpreter has no such launch)."""
+"""--enable-pdl's switch (kernels/pdl.py): it takes effect only on a GPU that has PDL, only for
+decode-sized launches, and a CPU tensor never gets a PDL launch, whatever the switch says (the
+interpreter has no such launch)."""
 
 import logging
 
@@ -44,4 +45,18 @@ def test_configure_turns_pdl_on_and_off_where_supported(monkeypatch):
 def test_cpu_tensors_never_launch_with_pdl():
     pdl.ENABLED = True
     x = torch.zeros(2)
-    assert pdl.flag(x) is False and pdl.options(x) == {}
+    assert pdl.flag(x, 1) is False and pdl.options(False) == {}
+
+
+def test_only_decode_sized_launches_take_pdl(monkeypatch):
+    """PDL where it measured a gain (a few rows); a large batch launches as without it."""
+
+    class FakeCuda:
+        is_cuda = True
+
+    pdl.ENABLED = True
+    assert pdl.flag(FakeCuda(), 1) and pdl.flag(FakeCuda(), pdl.MAX_ROWS)
+    assert not pdl.flag(FakeCuda(), pdl.MAX_ROWS + 1) and not pdl.flag(FakeCuda(), 1024)
+    assert pdl.options(True) == {"launch_pdl": True}
+    pdl.ENABLED = False
+    assert not pdl.flag(FakeCuda(), 1)
