@@ -189,7 +189,6 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
-    sys.path.insert(0, str(HERE.parent))
     import torch
 
     from pagoda.kernels import ops
