@@ -38,9 +38,9 @@ def _params(i: int) -> SamplingParams:
     return SamplingParams(**kinds[i % len(kinds)])
 
 
-def _run(engine: LLMEngine, prompts) -> dict:
+def _run(engine: LLMEngine, prompts, params=_params) -> dict:
     for i, p in enumerate(prompts):
-        engine.add_request(str(i), None, p, _params(i))
+        engine.add_request(str(i), None, p, params(i))
     finished = {}
     while engine.has_unfinished_requests():
         for out in engine.step():

@@ -24,7 +24,7 @@ from pagoda.runtime.worker.host_to_device import positions_in
 from pagoda.runtime.worker.input_batch import BatchBuilder, StageLayout, StepBatch, _token_at, batch_order
 
 from .conftest import make_prompts, make_shared_prefix_prompts
-from .test_bulk_host_paths import _params
+from .test_bulk_host_paths import _run
 
 
 def _mixed_rows_by_row(self, sched, kv, ahead, pad_seqs, pad_tokens):
@@ -113,17 +113,6 @@ def _engine(path: str, **kwargs) -> LLMEngine:
     args = dict(model=path, block_size=8, max_model_len=128, device="cpu", max_num_seqs=8,
                 max_num_batched_tokens=64)
     return LLMEngine(EngineArgs(**(args | kwargs)))
-
-
-def _run(engine: LLMEngine, prompts, params=_params) -> dict:
-    for i, p in enumerate(prompts):
-        engine.add_request(str(i), None, p, params(i))
-    finished = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                finished[out.request_id] = [(c.token_ids, c.finish_reason) for c in out.outputs]
-    return finished
 
 
 FIELDS = ("num_tokens", "num_seqs", "padded_seqs", "padded_tokens", "max_query_len", "max_seq_len",
