@@ -15,8 +15,13 @@ The 32 layers are captured as one CUDA graph and replayed; the figure is the med
 - chain: PDL off and on at the runtime's launches (FP8: kernels/fp8_dispatch's 1-row entries), and
   the hidden state after 32 layers must be the same bits both ways (PDL moves when a kernel starts,
   never what it computes; a missing wait would show here as a race).
-- sweep (FP8, PDL on): each projection's GEMV launch over a grid of tiles, the other three at their
-  best so far; then the chain at the winners, both ways.
+- variants: the GEMV folds (FP8: the RMSNorm in the qkv and gate_up GEMVs, silu(gate) * up in
+  gate_up's epilogue and a plain down GEMV; the engine's --fold-gemv) and the decode attention's
+  merge in its own kernel (kernels/paged_attention_decode.FUSED_MERGE), each on and off, PDL off and
+  on; the folds change the rounding of rstd only, so their output is compared, not bit for bit.
+- sweep (FP8, PDL on, every fold on): each projection's GEMV launch over a grid of tiles, the other
+  three at their best so far; then the chain at the winners, both ways.
+- profile (--profile): the kernels of one eager token at the defaults, PDL off, microseconds each.
 One JSON (decode-chain-pagoda-DATE.json) goes to --out (default $OUT, else e2e/results/).
 """
 
@@ -36,7 +41,12 @@ LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER = 32, 4096, 32, 8, 128, 14336
 CONTEXT, BLOCK = 512, 16
 # projection: (N, K, act)
 SHAPES = {"qkv_proj": (6144, 4096, None), "o_proj": (4096, 4096, None),
-          "gate_up_proj": (2 * INTER, 4096, None), "down_proj": (4096, INTER, "silu_mul")}
+          "gate_up_proj": (2 * INTER, 4096, None), "down_proj": (4096, INTER, "silu_mul"),
+          # with the folds: gate_up with silu(gate) * up in its epilogue, down fed the activation
+          "gate_up_glu": (2 * INTER, 4096, "silu_mul_out"), "down_plain": (4096, INTER, None)}
+WEIGHTS = {"gate_up_glu": "gate_up_proj", "down_plain": "down_proj"}  # the projection a variant reads
+UNFOLDED = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+FOLDED = ("qkv_proj", "o_proj", "gate_up_glu", "down_plain")
 
 
 def parse_args(argv=None):
@@ -46,6 +56,7 @@ def parse_args(argv=None):
     p.add_argument("--no-sweep", action="store_true")
     p.add_argument("--replays", type=int, default=200)
     p.add_argument("--budget-s", type=float, default=45.0, help="seconds of sweep per projection")
+    p.add_argument("--profile", action="store_true", help="per-kernel times of one token (torch.profiler)")
     p.add_argument("--smoke", action="store_true")
     return p.parse_args(argv)
 
@@ -74,6 +85,7 @@ class Chain:
                               for _ in range(2)]
             self.layers.append(layer)
         self.configs = {}  # projection -> GemvConfig overriding the runtime's launch (FP8 only)
+        self.folds = False  # FP8: the norms and silu(gate) * up folded into the GEMVs
         self.x = torch.randn(1, d["hidden"], device=device).to(bf16)
         self.positions = torch.tensor([d["context"] - 1], device=device)
         half = d["head_dim"] // 2
@@ -85,22 +97,45 @@ class Chain:
         self.seq_lens = torch.tensor([d["context"]], device=device, dtype=torch.int32)
         self.qsl = torch.tensor([0, 1], device=device, dtype=torch.int32)
 
-    def linear(self, layer, name, x):
+    def runtime_config(self, name, x):
+        """The launch the runtime takes for a projection at one row (None on the CPU: the heuristic)."""
+        from pagoda.kernels import fp8_dispatch, ops
+
+        n, k, act = SHAPES[name]
+        if not x.is_cuda:
+            return None
+        if act == "silu_mul_out":
+            launch = fp8_dispatch.fused_glu(1, n, k, x.device)
+        else:
+            launch = ops.fp8_path(x, self.layers[0][WEIGHTS.get(name, name)][0], None, act)
+        assert launch is not None and launch.path == "gemv", f"{name}: the runtime takes no GEMV at one row"
+        return launch.config
+
+    def linear(self, layer, name, x, norm=None):
         from pagoda.kernels import ops
 
         act = SHAPES[name][2]
         if self.fp8:
-            w, s = layer[name]
-            cfg = self.configs.get(name)
-            if cfg is None and not x.is_cuda:  # the smoke run: the interpreter, the heuristic launch
-                return ops.fp8_gemv(x, w, s, act=act)
-            if cfg is None:
-                launch = ops.fp8_path(x, w, None, act)
-                assert launch.path == "gemv", f"{name}: the runtime takes {launch.path} at one row"
-                cfg = launch.config
-            return ops.fp8_gemv(x, w, s, act=act, config=cfg)
+            w, s = layer[WEIGHTS.get(name, name)]
+            cfg = self.configs.get(name) or self.runtime_config(name, x)
+            if act == "silu_mul_out":
+                return ops.fp8_gemv(x, w, s, config=cfg, norm=norm, epilogue="silu_mul")
+            return ops.fp8_gemv(x, w, s, act=act, config=cfg, norm=norm)
         (w,) = layer[name]
         return ops.silu_and_mul_linear(x, w) if act else ops.linear(x, w)
+
+    def normed(self, x, weight, residual):
+        """(the next GEMV's input, its norm fold or None, the residual stream after the norm)."""
+        from pagoda.kernels import ops
+        from pagoda.kernels.gemv import GemvNorm
+
+        if self.folds:
+            residual_out = None if residual is None else self.torch.empty_like(x)
+            return x, GemvNorm(weight, 1e-5, residual, residual_out), (x if residual is None else residual_out)
+        if residual is None:
+            return ops.rms_norm(x, weight, 1e-5), None, x
+        h, residual = ops.rms_norm(x, weight, 1e-5, residual)
+        return h, None, residual
 
     def forward(self):
         from pagoda.kernels import ops
@@ -109,11 +144,8 @@ class Chain:
         d = self.d
         x, residual = self.x, None
         for layer in self.layers:
-            if residual is None:
-                h, residual = ops.rms_norm(x, layer["norms"][0], 1e-5), x
-            else:
-                h, residual = ops.rms_norm(x, layer["norms"][0], 1e-5, residual)
-            qkv = self.linear(layer, "qkv_proj", h)
+            h, norm, residual = self.normed(x, layer["norms"][0], residual)
+            qkv = self.linear(layer, "qkv_proj", h, norm)
             q_end, k_end = d["heads"] * d["head_dim"], (d["heads"] + d["kv_heads"]) * d["head_dim"]
             q = qkv[:, :q_end].view(1, d["heads"], d["head_dim"])
             k = qkv[:, q_end:k_end].view(1, d["kv_heads"], d["head_dim"])
@@ -123,8 +155,11 @@ class Chain:
             attn = paged_attention_decode(q, kc, vc, self.block_tables, self.seq_lens, self.qsl,
                                           d["head_dim"] ** -0.5, max_seq_len=d["context"])
             o = self.linear(layer, "o_proj", attn.view(1, -1))
-            h, residual = ops.rms_norm(o, layer["norms"][1], 1e-5, residual)
-            x = self.linear(layer, "down_proj", self.linear(layer, "gate_up_proj", h))
+            h, norm, residual = self.normed(o, layer["norms"][1], residual)
+            if self.folds:
+                x = self.linear(layer, "down_plain", self.linear(layer, "gate_up_glu", h, norm))
+            else:
+                x = self.linear(layer, "down_proj", self.linear(layer, "gate_up_proj", h))
         return x + residual
 
 
@@ -173,7 +208,8 @@ def candidates(name: str, smoke: bool, first=None):
 
     if smoke:
         return [GemvConfig(16, 32, 1, 4, 1, fold=16), GemvConfig(8, 64, 1, 4, 1, fold=1)]
-    n, k, _ = SHAPES[name]
+    n, k, act = SHAPES[name]
+    n = n // 2 if act == "silu_mul_out" else n  # output rows: each program reads its rows of both halves
     grid = []
     # up to a whole 4096-wide row per chunk: the first chunk is loaded before the PDL wait, so a
     # program that holds all its K streams its whole share while the kernels before it still run
@@ -183,6 +219,87 @@ def candidates(name: str, smoke: bool, first=None):
     random.Random(0).shuffle(grid)
     head = [first] if first is not None else []
     return head + [c for c in grid if c not in head]
+
+
+def merge_switch():
+    """kernels/paged_attention_decode's FUSED_MERGE module, or None where it has no such switch."""
+    from pagoda.kernels import paged_attention_decode
+
+    return paged_attention_decode if hasattr(paged_attention_decode, "FUSED_MERGE") else None
+
+
+def run_variants(torch, chain: Chain, args) -> dict:
+    """Every fold and merge setting, PDL off and on: ms per token, PDL's same-bits check, and the
+    largest difference of each setting's output from the unfolded two-kernel-merge chain's."""
+    merge = merge_switch()
+    res, base = {}, None
+    for folds in ((False, True) if chain.fp8 else (False,)):
+        for fused_merge in ((False, True) if merge else (False,)):
+            chain.folds = folds
+            if merge:
+                merge.FUSED_MERGE = fused_merge
+            name = f"folds_{'on' if folds else 'off'}_merge_{'fused' if fused_merge else 'kernel'}"
+            outs, entry = [], {}
+            for on in (False, True):
+                ms, out = run_chain(torch, chain, on, args.replays, args.smoke)
+                entry[f"pdl_{'on' if on else 'off'}_ms"] = ms and round(ms, 4)
+                outs.append(out)
+            entry["same_bits"] = bool(torch.equal(*outs))
+            base = outs[0] if base is None else base
+            entry["max_abs_diff_from_unfused"] = float((outs[0].float() - base.float()).abs().max())
+            res[name] = entry
+            print(f"  {name}: {entry}", flush=True)
+    chain.folds = chain.fp8
+    if merge:
+        merge.FUSED_MERGE = True
+    return res
+
+
+def sweep(torch, chain: Chain, args) -> dict:
+    """Each folded projection's launch over candidates(), PDL on, the others at their best so far."""
+    out = {}
+    for name in FOLDED:
+        points = []
+        n, k, act = SHAPES[name]
+        x = chain.x.new_empty(1, k)
+        runtime = None if args.smoke else chain.runtime_config(name, x)
+        began = time.perf_counter()
+        for cfg in candidates(name, args.smoke, runtime):
+            if time.perf_counter() - began > args.budget_s:
+                break
+            chain.configs[name] = cfg
+            try:
+                ms, _ = run_chain(torch, chain, True, max(20, args.replays // 4), args.smoke)
+            except Exception as exc:  # out of registers or shared memory for this tile
+                print(f"  {name} {cfg}: {type(exc).__name__}: {str(exc)[:80]}")
+                continue
+            points.append((ms if ms is not None else 0.0, cfg))
+        points.sort(key=lambda p: p[0])
+        chain.configs[name] = points[0][1]
+        out[name] = dict(tried=len(points), runtime=runtime and dataclasses.asdict(runtime),
+                         best=[dict(ms=round(ms, 4), config=dataclasses.asdict(cfg)) for ms, cfg in points[:6]])
+        print(f"  {name}: best of {len(points)} {out[name]['best'][0]}", flush=True)
+    return out
+
+
+def profile(torch, chain: Chain) -> dict:
+    """Microseconds per kernel name over one eager token at the defaults, PDL off (the sum of each
+    kernel's own time: what a fold or a faster launch can take away)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    chain.forward()
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            chain.forward()
+        torch.cuda.synchronize()
+    kernels = {}
+    for ev in prof.key_averages():
+        if ev.device_type.name == "CUDA" and ev.count:
+            us = getattr(ev, "device_time_total", None) or ev.cuda_time_total
+            kernels[ev.key[:90]] = dict(us_per_token=round(us / 5, 1), launches_per_token=ev.count // 5)
+    return dict(sorted(kernels.items(), key=lambda kv: -kv[1]["us_per_token"]))
 
 
 def main(argv=None) -> int:
@@ -206,37 +323,13 @@ def main(argv=None) -> int:
     for dtype in (("fp8", "bf16") if args.dtype == "both" else (args.dtype,)):
         torch.manual_seed(0)
         chain = Chain(torch, device, dtype == "fp8", dims)
-        res = {}
-        for on in (False, True):
-            ms, out = run_chain(torch, chain, on, args.replays, args.smoke)
-            res[f"pdl_{'on' if on else 'off'}_ms"] = ms and round(ms, 4)
-            res.setdefault("outputs", []).append(out)
-        res["same_bits"] = bool(torch.equal(*res.pop("outputs")))
-        print(f"{dtype}: chain {res}", flush=True)
+        print(f"{dtype}:", flush=True)
+        res = {"variants": run_variants(torch, chain, args)}
+        if args.profile and not args.smoke:
+            res["profile"] = profile(torch, chain)
+            print(json.dumps(dict(list(res["profile"].items())[:14]), indent=0), flush=True)
         if dtype == "fp8" and not args.no_sweep:
-            sweep = {}
-            for name in SHAPES:
-                points = []
-                n, k, act = SHAPES[name]
-                runtime = None if args.smoke else ops.fp8_path(
-                    chain.x.new_empty(1, 2 * k if act else k), chain.layers[0][name][0], None, act).config
-                began = time.perf_counter()
-                for cfg in candidates(name, args.smoke, runtime):
-                    if time.perf_counter() - began > args.budget_s:
-                        break
-                    chain.configs[name] = cfg
-                    try:
-                        ms, _ = run_chain(torch, chain, True, max(20, args.replays // 4), args.smoke)
-                    except Exception as exc:  # out of registers or shared memory for this tile
-                        print(f"  {name} {cfg}: {type(exc).__name__}: {str(exc)[:80]}")
-                        continue
-                    points.append((ms if ms is not None else 0.0, cfg))
-                points.sort(key=lambda p: p[0])
-                chain.configs[name] = points[0][1]
-                sweep[name] = dict(tried=len(points), runtime=runtime and dataclasses.asdict(runtime),
-                                   best=[dict(ms=round(ms, 4), config=dataclasses.asdict(cfg)) for ms, cfg in points[:6]])
-                print(f"  {name}: best of {len(points)} {sweep[name]['best'][0]}", flush=True)
-            res["sweep"] = sweep
+            res["sweep"] = sweep(torch, chain, args)
             for on in (False, True):
                 ms, _ = run_chain(torch, chain, on, args.replays, args.smoke)
                 res[f"best_pdl_{'on' if on else 'off'}_ms"] = ms and round(ms, 4)
@@ -246,7 +339,7 @@ def main(argv=None) -> int:
         del chain
         torch.cuda.empty_cache() if not args.smoke else None
     record["seconds"] = round(time.perf_counter() - t0, 1)
-    record["passed"] = all(r["same_bits"] for r in record["results"].values())
+    record["passed"] = all(v["same_bits"] for r in record["results"].values() for v in r["variants"].values())
     if not args.smoke:
         args.out.mkdir(parents=True, exist_ok=True)
         path = args.out / f"decode-chain-pagoda-{time.strftime('%Y-%m-%d')}.json"

@@ -83,6 +83,9 @@ def check_gemm(shape: dict, device: str) -> dict:
                 out[key] = {"path": path, "rel_error": round(err, 6),
                             "vs_bf16_matmul": round(rel(got, x @ w.t()), 5)}
                 ok &= err <= GEMM_TOL
+        if name in ("qkv_proj", "gate_up_proj"):  # the one-row folds of the norm before (--fold-gemv)
+            out[f"{name}-folds"] = fold_report(name, qw, sw, k, device)
+            ok &= out[f"{name}-folds"]["ok"]
         x = torch.randn(300, k, device=device, dtype=torch.bfloat16) * 3
         qk, sk = ops.quantize_fp8(x)
         qr, sr = quantize_fp8_ref(x)
@@ -91,6 +94,36 @@ def check_gemm(shape: dict, device: str) -> dict:
         ok &= rel(sk, sr) < 1e-6 and differ < 1e-3
     out["ok"] = bool(ok)
     return out
+
+
+def fold_report(name: str, qw, sw, k: int, device: str) -> dict:
+    """At one row: the RMSNorm (+ residual) folded into the FP8 GEMV against the norm kernel and
+    then the GEMV, and for gate_up silu(gate) * up in the epilogue against the GEMV and then
+    silu_and_mul. The folded norm sums rstd in another order, so within GEMM_TOL; the residual
+    stream it writes must be the same bits."""
+    from pagoda.kernels import fp8_dispatch, ops
+    from pagoda.kernels.gemv import GemvNorm
+
+    n = qw.shape[0]
+    launch = ops.fp8_path(torch.empty(1, k, device=device, dtype=torch.bfloat16), qw)
+    x, r = (torch.randn(1, k, device=device, dtype=torch.bfloat16) for _ in range(2))
+    g = 1 + 0.1 * torch.randn(k, device=device, dtype=torch.bfloat16)
+    normed, h = ops.rms_norm(x, g, 1e-5, r)
+    h_folded = torch.empty_like(x)
+    norm = GemvNorm(g, 1e-5, r, h_folded)
+    got = ops.fp8_gemv(x, qw, sw, config=launch.config, norm=norm)
+    want = ops.fp8_gemv(normed, qw, sw, config=launch.config)
+    report = {"norm_rel_error": round(rel(got, want), 6), "residual_same_bits": bool(torch.equal(h, h_folded))}
+    ok = report["norm_rel_error"] <= GEMM_TOL and report["residual_same_bits"]
+    glu = fp8_dispatch.fused_glu(1, n, k, torch.device(device))
+    if name == "gate_up_proj" and glu is not None:
+        got = ops.fp8_gemv(normed, qw, sw, config=glu.config, epilogue="silu_mul")
+        want = ops.silu_and_mul(ops.fp8_gemv(normed, qw, sw, config=glu.config))
+        report["glu_rel_error"] = round(rel(got, want), 6)
+        report["glu_same_bits"] = bool(torch.equal(got, want))
+        ok &= report["glu_rel_error"] <= GEMM_TOL
+    report["ok"] = bool(ok)
+    return report
 
 
 def quantize_in_place(model, dtype: torch.dtype) -> None:
@@ -209,7 +242,7 @@ def main(argv=None) -> int:
     result["commit"] = result["commit"] or os.environ.get("PAGODA_COMMIT")
     if not args.smoke:
         result["gemm"] = check_gemm(gc_.SHAPES["llama-3.1-8b"], "cuda")
-        print(json.dumps({k: v for k, v in result["gemm"].items() if k.endswith("m1") or k == "ok"}, indent=1))
+        print(json.dumps({k: v for k, v in result["gemm"].items() if k.endswith(("m1", "folds", "ok"))}, indent=1))
     result["logits"] = check_logits("llama-3.1-8b", args.smoke)
     print(json.dumps(result["logits"], indent=1))
     result["ok"] = result["logits"]["ok"] and result.get("gemm", {"ok": True})["ok"]

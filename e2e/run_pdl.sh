@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Programmatic dependent launch (kernels/pdl.py, --enable-pdl) on one H200 in one device call:
+# Programmatic dependent launch (kernels/pdl.py, --enable-pdl) and the one-row decode folds
+# (--fold-gemv, the fused attention merge) on one H200 in one device call:
 #
 #   bash e2e/run_pdl.sh OUT_DIR [STAGE...]      STAGEs (default: chain w2 correctness), in order
 #     chain        e2e/decode_chain_gpu_bench.py: 32 decode layers at one row as one CUDA graph, PDL off and on
 #                  (same bits both ways), FP8 and bf16, and the FP8 GEMV's 1-row launches swept with PDL on
 #     w2           W2 (bench latency, 8B shape) bf16 and FP8, each with PDL off then on (the off run is the peer)
 #     w2fp8        W2 FP8 only
+#     w2fold       W2 FP8 with --no-fold-gemv, then at the defaults (folds on) against it
+#     w2bf16       W2 bf16 once, at the defaults
 #     w1           W1 (bench throughput, bf16) with PDL off then on: batches above the GEMV's rows
 #     w4           W4 (bench throughput, 1,024 seats) with PDL off then on
 #     w4busy       W4 at the defaults with the profiler's GPU-busy figure (--gpu-busy 1024)
@@ -51,6 +54,18 @@ w2() {  # [--quantization fp8]: off, then on against it
         --out "$RES" || return 1
     mark "$tag" on
 }
+w2fold() {  # W2 FP8: the folds off, then on against it (PDL on both times)
+    local tag=W2-pagoda-fp8 flag
+    for flag in no-fold-gemv fold-gemv; do
+        # shellcheck disable=SC2086
+        timeout 150 "$PY" -m pagoda.runtime.cli bench latency --backend pagoda --model w1 --warmup-iters 2 --iters 5 \
+            --quantization fp8 --"$flag" ${ENGINE_ARGS:-} \
+            $([ $flag = fold-gemv ] && echo --peer-result "$(ls -t "$RES/$tag"-2*-no-fold-gemv.json | head -n 1)") \
+            --out "$RES" || return 1
+        f=$(ls -t "$RES/$tag"-2*.json | grep -v fold-gemv | head -n 1)
+        mv "$f" "${f%.json}-$flag.json"
+    done
+}
 w1() {  # WORKLOAD: off, then on
     local flag
     for flag in off on; do
@@ -65,6 +80,9 @@ for s in "${STAGES[@]}"; do
         chain) stage chain timeout 420 "$PY" e2e/decode_chain_gpu_bench.py ${CHAIN_ARGS:-} --out "$RES" ;;
         w2) stage w2-bf16 w2; stage w2-fp8 w2 --quantization fp8 ;;
         w2fp8) stage w2-fp8 w2 --quantization fp8 ;;
+        w2fold) stage w2-fold w2fold ;;
+        w2bf16) stage w2-bf16 timeout 150 "$PY" -m pagoda.runtime.cli bench latency --backend pagoda --model w1 \
+            --warmup-iters 2 --iters 5 ${ENGINE_ARGS:-} --out "$RES" ;;
         w1) stage w1 w1 W1 ;;
         w4) stage w4 w1 W4 ;;
         w4busy) stage w4-busy timeout 300 "$PY" -m pagoda.runtime.cli bench throughput --workload W4 --backend pagoda \

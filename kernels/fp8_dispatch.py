@@ -58,6 +58,12 @@ FP8_SMALL_M: dict[tuple[int, int, int, str | None], Fp8Launch] = {
     (1, 4096, 4096, None): Fp8Launch("gemv", GemvConfig(block_n=8, block_k=1024, split_k=1, num_warps=4, num_stages=1, fold=1)),
     (1, 28672, 4096, None): Fp8Launch("gemv", GemvConfig(block_n=16, block_k=256, split_k=1, num_warps=4, num_stages=1, fold=1)),
     (1, 4096, 14336, "silu_mul"): Fp8Launch("gemv", GemvConfig(block_n=8, block_k=1024, split_k=1, num_warps=4, num_stages=1, fold=1)),
+    # gate_up with silu(gate) * up in its epilogue (act "silu_mul_out": kernels/gemv.py; the MLP
+    # takes it only where this table has an entry), and down_proj then fed the plain activation.
+    # First launches: the gate_up entry's weight rows per program (8 of each half) and the silu
+    # down entry's launch, until e2e/decode_chain_gpu_bench.py's sweep measures them.
+    (1, 28672, 4096, "silu_mul_out"): Fp8Launch("gemv", GemvConfig(block_n=8, block_k=256, split_k=1, num_warps=4, num_stages=1, fold=1)),
+    (1, 4096, 14336, None): Fp8Launch("gemv", GemvConfig(block_n=8, block_k=1024, split_k=1, num_warps=4, num_stages=1, fold=1)),
     (2, 6144, 4096, None): Fp8Launch("scaled_gemv", ScaledGemvConfig(block_n=128, block_k=128, split_k=4, num_warps=4, num_stages=4)),
     (2, 4096, 4096, None): Fp8Launch("scaled_gemv", ScaledGemvConfig(block_n=64, block_k=256, split_k=4, num_warps=4, num_stages=4)),
     (2, 28672, 4096, None): Fp8Launch("scaled_gemv", ScaledGemvConfig(block_n=128, block_k=256, split_k=1, num_warps=4, num_stages=3)),
@@ -74,7 +80,8 @@ FP8_SMALL_M: dict[tuple[int, int, int, str | None], Fp8Launch] = {
 
 
 def choose(rows: int, n: int, k: int, act: str | None, device: torch.device) -> Fp8Launch:
-    """The launch for an FP8 layer's rows x [N, K] product (act "silu_mul": x holds gate|up)."""
+    """The launch for an FP8 layer's rows x [N, K] product (act "silu_mul": x holds gate|up;
+    "silu_mul_out": W is gate|up and the output silu(gate) * up, see fused_glu)."""
     measured = _measured(n, k, act, device)
     for bucket, launch in measured:
         if rows <= bucket:
@@ -109,3 +116,12 @@ def _index(table: dict) -> dict[tuple[int, int, str | None], list[tuple[int, Fp8
 
 
 _indexed: tuple[dict | None, dict] = (None, {})
+
+
+def fused_glu(rows: int, n: int, k: int, device: torch.device) -> Fp8Launch | None:
+    """The measured launch of the gate|up [N, K] product with silu(gate) * up in its epilogue at
+    these rows, or None where the table has none (the MLP then runs gate_up and a fused down)."""
+    for bucket, launch in _measured(n, k, "silu_mul_out", device):
+        if rows <= bucket:
+            return launch if launch.path == "gemv" else None
+    return None

@@ -21,6 +21,16 @@ unlike atomics) and adds the bias.
 
 act="silu_mul" takes x as the MLP's merged [M, 2 * K] gate|up tensor and feeds silu(gate) * up,
 rounded as kernels/activation.py rounds it, so the down projection needs no kernel of its own.
+
+Two more fusions take a kernel boundary each out of a one-row decode layer (each costs a few
+microseconds there, whatever PDL overlaps):
+- norm=GemvNorm(...): x is the RMSNorm's input, not its output. Every program reads all of x
+  anyway, so each first sums the squares of x (+ residual) over the whole row for rstd, then feeds
+  RMSNorm(x + residual) * weight to the product chunk by chunk, rounded at each step as
+  kernels/norm.py rounds it; the first program also writes x + residual (the residual stream).
+- epilogue="silu_mul": W is the MLP's merged [2 * I, K] gate|up weight and the output is
+  silu(gate) * up [M, I]. A program owns the same BLOCK_N rows of both halves, so the activation is
+  computed where the two sums are, and down_proj reads a plain [M, I] input.
 """
 
 from __future__ import annotations
@@ -54,6 +64,17 @@ class GemvConfig:
     # K neighbours one thread sums as they arrive (8 bf16 = its 16-byte load): no shuffles, and
     # accumulators fold times smaller, which buys occupancy. 1 keeps the whole product.
     fold: int = 8
+
+
+@dataclass(frozen=True, slots=True)
+class GemvNorm:
+    """The RMSNorm folded into the GEMV's input: x is normalised as RMSNorm(x + residual) * weight,
+    and x + residual is written to residual_out (a buffer other than residual and x: every program
+    reads those while the first one writes)."""
+    weight: torch.Tensor  # [K], x's dtype
+    eps: float
+    residual: torch.Tensor | None = None  # [M, K]; None: RMSNorm(x) * weight, nothing written
+    residual_out: torch.Tensor | None = None  # [M, K], needed with residual
 
 
 # Where this GEMV beat cuBLAS on the H200 (e2e/results/gemv-e34d2a9/), keyed by (rows, N, K, act),
@@ -120,19 +141,50 @@ def gemv_config(m: int, n: int, k: int, num_sms: int = 132, weight_bytes: int = 
 
 
 @triton.jit
-def _input_chunk(x_ptr, m, stride_xm, offs_k, K, SILU_MUL: tl.constexpr, EVEN_K: tl.constexpr):
-    """Row m of the input vector at offs_k ([BLOCK_K // FOLD, FOLD]), in fp32, as [1, ., FOLD]."""
-    ptrs = x_ptr + m * stride_xm + offs_k
+def _load_x(ptrs, offs_k, K, EVEN_K: tl.constexpr):
     # x is a few KB that every program reads: keep it in L2 while the weights stream past.
     if EVEN_K:
-        v = tl.load(ptrs, eviction_policy="evict_last")
+        return tl.load(ptrs, eviction_policy="evict_last")
+    return tl.load(ptrs, mask=offs_k < K, other=0.0, eviction_policy="evict_last")
+
+
+@triton.jit
+def _norm_input(x_ptr, r_ptr, m, stride_xm, stride_rm, offs_k, K, RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr):
+    """x (+ residual) of row m at offs_k, in x's dtype: the sum rounded as kernels/norm.py rounds it."""
+    v = _load_x(x_ptr + m * stride_xm + offs_k, offs_k, K, EVEN_K)
+    if RESIDUAL:
+        r = _load_x(r_ptr + m * stride_rm + offs_k, offs_k, K, EVEN_K)
+        v = (v.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+    return v
+
+
+@triton.jit
+def _row_rstd(x_ptr, r_ptr, h_ptr, m, stride_xm, stride_rm, stride_hm, chunk, K, eps, write,
+              RESIDUAL: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1 / rms of row m of x (+ residual) over all of K, the folded norm's first pass; where
+    `write`, the row's x + residual is stored to h_ptr on the way."""
+    squares = tl.zeros(chunk.shape, tl.float32)
+    for k in range(0, K, BLOCK_K):
+        h = _norm_input(x_ptr, r_ptr, m, stride_xm, stride_rm, k + chunk, K, RESIDUAL, False)
+        if RESIDUAL:
+            tl.store(h_ptr + m * stride_hm + k + chunk, h, mask=((k + chunk) < K) & write)
+        squares += h.to(tl.float32) * h.to(tl.float32)
+    return tl.rsqrt(tl.sum(tl.sum(squares, axis=1), axis=0) / K + eps)
+
+
+@triton.jit
+def _input_chunk(x_ptr, m, stride_xm, offs_k, K, r_ptr, stride_rm, g_ptr, rstd,
+                 SILU_MUL: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr):
+    """Row m of the product's input at offs_k ([BLOCK_K // FOLD, FOLD]), in fp32, as [1, ., FOLD]."""
+    if NORM:  # RMSNorm(x + residual) * g, rounded where kernels/norm.py rounds
+        h = _norm_input(x_ptr, r_ptr, m, stride_xm, stride_rm, offs_k, K, RESIDUAL, EVEN_K)
+        g = _load_x(g_ptr + offs_k, offs_k, K, EVEN_K)
+        h = (h.to(tl.float32) * rstd).to(x_ptr.dtype.element_ty)
+        v = (g.to(tl.float32) * h.to(tl.float32)).to(x_ptr.dtype.element_ty)
     else:
-        v = tl.load(ptrs, mask=offs_k < K, other=0.0, eviction_policy="evict_last")
+        v = _load_x(x_ptr + m * stride_xm + offs_k, offs_k, K, EVEN_K)
     if SILU_MUL:
-        if EVEN_K:
-            up = tl.load(ptrs + K, eviction_policy="evict_last")
-        else:
-            up = tl.load(ptrs + K, mask=offs_k < K, other=0.0, eviction_policy="evict_last")
+        up = _load_x(x_ptr + m * stride_xm + offs_k + K, offs_k, K, EVEN_K)
         gate = v.to(tl.float32)
         silu = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty)
         v = (silu.to(tl.float32) * up.to(tl.float32)).to(x_ptr.dtype.element_ty)
@@ -164,29 +216,60 @@ def _weight_chunk(w_rows, offs_k, K, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, offs_k, K,
-                M: tl.constexpr, SILU_MUL: tl.constexpr, EVEN_K: tl.constexpr):
-    """Each row of x's products with one weight chunk, added to its accumulator."""
+def _accumulate(acc0, acc1, acc2, acc3, w, w_up, x_ptr, stride_xm, offs_k, K, r_ptr, stride_rm, g_ptr,
+                rstd0, rstd1, rstd2, rstd3,
+                M: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
+                GLU_OUT: tl.constexpr, EVEN_K: tl.constexpr):
+    """Each row of x's products with one weight chunk, added to its accumulator; with GLU_OUT (one
+    row) acc0 takes the gate rows' products and acc1 the up rows'."""
     w = w.to(tl.float32)  # FP8 too: e4m3 widens exactly, the scale waits for the store
-    acc0 += tl.sum(w * _input_chunk(x_ptr, 0, stride_xm, offs_k, K, SILU_MUL, EVEN_K), axis=2)
+    x0 = _input_chunk(x_ptr, 0, stride_xm, offs_k, K, r_ptr, stride_rm, g_ptr, rstd0, SILU_MUL, NORM, RESIDUAL, EVEN_K)
+    acc0 += tl.sum(w * x0, axis=2)
+    if GLU_OUT:
+        acc1 += tl.sum(w_up.to(tl.float32) * x0, axis=2)
     if M > 1:
-        acc1 += tl.sum(w * _input_chunk(x_ptr, 1, stride_xm, offs_k, K, SILU_MUL, EVEN_K), axis=2)
+        acc1 += tl.sum(w * _input_chunk(x_ptr, 1, stride_xm, offs_k, K, r_ptr, stride_rm, g_ptr, rstd1,
+                                        SILU_MUL, NORM, RESIDUAL, EVEN_K), axis=2)
     if M > 2:
-        acc2 += tl.sum(w * _input_chunk(x_ptr, 2, stride_xm, offs_k, K, SILU_MUL, EVEN_K), axis=2)
+        acc2 += tl.sum(w * _input_chunk(x_ptr, 2, stride_xm, offs_k, K, r_ptr, stride_rm, g_ptr, rstd2,
+                                        SILU_MUL, NORM, RESIDUAL, EVEN_K), axis=2)
     if M > 3:
-        acc3 += tl.sum(w * _input_chunk(x_ptr, 3, stride_xm, offs_k, K, SILU_MUL, EVEN_K), axis=2)
+        acc3 += tl.sum(w * _input_chunk(x_ptr, 3, stride_xm, offs_k, K, r_ptr, stride_rm, g_ptr, rstd3,
+                                        SILU_MUL, NORM, RESIDUAL, EVEN_K), axis=2)
     return acc0, acc1, acc2, acc3
 
 
 @triton.jit
+def _store_glu(out_ptr, gate_acc, up_acc, rows, scale_ptr, bias_ptr, N,
+               HAS_SCALE: tl.constexpr, SCALE_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """silu(gate) * up for the program's rows of one row of x, each of gate and up rounded to the
+    output dtype first, as a separate silu_and_mul kernel would find them (kernels/activation.py)."""
+    gate = tl.sum(gate_acc, axis=1)
+    up = tl.sum(up_acc, axis=1)
+    if HAS_SCALE:
+        gate *= _weight_scale(scale_ptr, rows, N, SCALE_PER_ROW)
+        up *= _weight_scale(scale_ptr + N, rows, N, SCALE_PER_ROW)
+    if HAS_BIAS:
+        gate += tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
+        up += tl.load(bias_ptr + N + rows, mask=rows < N, other=0.0).to(tl.float32)
+    dtype = out_ptr.dtype.element_ty
+    gate = gate.to(dtype).to(tl.float32)
+    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype)
+    act = silu.to(tl.float32) * up.to(dtype).to(tl.float32)
+    tl.store(out_ptr + rows, act.to(dtype), mask=rows < N)
+
+
+@triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr,
-    N, K, k_per_split, stride_xm, stride_wn, stride_om,
+    x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, r_ptr, g_ptr, h_ptr,
+    N, K, k_per_split, stride_xm, stride_wn, stride_om, stride_rm, stride_hm, eps,
     M: tl.constexpr, HAS_SCALE: tl.constexpr, SCALE_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
-    SILU_MUL: tl.constexpr, PARTIAL: tl.constexpr,
+    SILU_MUL: tl.constexpr, PARTIAL: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
+    GLU_OUT: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    # N counts output columns: with GLU_OUT, W has 2 * N rows (gate, then up).
     pdl.launch_dependents(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -194,6 +277,7 @@ def _gemv_kernel(
     # Rows past N re-read row N - 1 rather than masking, so the weight loads stay unpredicated
     # (and vectorized); their results are dropped at the store.
     w_rows = w_ptr + tl.minimum(rows, N - 1).to(tl.int64)[:, None, None] * stride_wn
+    w_up_rows = w_ptr + (tl.minimum(rows, N - 1) + N).to(tl.int64)[:, None, None] * stride_wn  # GLU_OUT: up's
     k_begin = pid_k * k_per_split
     k_end = tl.minimum(k_begin + k_per_split, K)
     # A chunk is viewed as [BLOCK_K // FOLD, FOLD], the FOLD in one thread (see the docstring).
@@ -206,29 +290,53 @@ def _gemv_kernel(
     # The first chunk is loaded before the PDL wait, while the kernel before still runs (no kernel
     # writes weights; kernels/pdl.py). Every split has at least one chunk (split_k_plan).
     w = _weight_chunk(w_rows, k_begin + chunk, K, EVEN_K)
+    w_up = w
+    if GLU_OUT:
+        w_up = _weight_chunk(w_up_rows, k_begin + chunk, K, EVEN_K)
     pdl.wait(PDL)
-    acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k_begin + chunk, K,
-                                         M, SILU_MUL, EVEN_K)
+    rstd0 = 1.0
+    rstd1 = 1.0
+    rstd2 = 1.0
+    rstd3 = 1.0
+    if NORM:  # the folded RMSNorm's first pass, over the whole row; program 0 writes x + residual
+        write = (pid_n == 0) & (pid_k == 0)
+        rstd0 = _row_rstd(x_ptr, r_ptr, h_ptr, 0, stride_xm, stride_rm, stride_hm, chunk, K, eps, write, RESIDUAL, BLOCK_K)
+        if M > 1:
+            rstd1 = _row_rstd(x_ptr, r_ptr, h_ptr, 1, stride_xm, stride_rm, stride_hm, chunk, K, eps, write, RESIDUAL, BLOCK_K)
+        if M > 2:
+            rstd2 = _row_rstd(x_ptr, r_ptr, h_ptr, 2, stride_xm, stride_rm, stride_hm, chunk, K, eps, write, RESIDUAL, BLOCK_K)
+        if M > 3:
+            rstd3 = _row_rstd(x_ptr, r_ptr, h_ptr, 3, stride_xm, stride_rm, stride_hm, chunk, K, eps, write, RESIDUAL, BLOCK_K)
+    acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w, w_up, x_ptr, stride_xm, k_begin + chunk, K,
+                                         r_ptr, stride_rm, g_ptr, rstd0, rstd1, rstd2, rstd3,
+                                         M, SILU_MUL, NORM, RESIDUAL, GLU_OUT, EVEN_K)
     for k in range(k_begin + BLOCK_K, k_end, BLOCK_K):
         offs_k = k + chunk
         w = _weight_chunk(w_rows, offs_k, K, EVEN_K)
-        acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, offs_k, K,
-                                             M, SILU_MUL, EVEN_K)
+        w_up = w
+        if GLU_OUT:
+            w_up = _weight_chunk(w_up_rows, offs_k, K, EVEN_K)
+        acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w, w_up, x_ptr, stride_xm, offs_k, K,
+                                             r_ptr, stride_rm, g_ptr, rstd0, rstd1, rstd2, rstd3,
+                                             M, SILU_MUL, NORM, RESIDUAL, GLU_OUT, EVEN_K)
 
-    scale = 1.0
-    bias = 0.0
-    if not PARTIAL:
-        if HAS_SCALE:
-            scale = _weight_scale(scale_ptr, rows, N, SCALE_PER_ROW)
-        if HAS_BIAS:
-            bias = tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
-    _store_row(out_ptr, acc0, 0, pid_k, rows, scale, bias, N, stride_om, M, HAS_SCALE, HAS_BIAS, PARTIAL)
-    if M > 1:
-        _store_row(out_ptr, acc1, 1, pid_k, rows, scale, bias, N, stride_om, M, HAS_SCALE, HAS_BIAS, PARTIAL)
-    if M > 2:
-        _store_row(out_ptr, acc2, 2, pid_k, rows, scale, bias, N, stride_om, M, HAS_SCALE, HAS_BIAS, PARTIAL)
-    if M > 3:
-        _store_row(out_ptr, acc3, 3, pid_k, rows, scale, bias, N, stride_om, M, HAS_SCALE, HAS_BIAS, PARTIAL)
+    if GLU_OUT:  # one row, one split (gemv checks)
+        _store_glu(out_ptr, acc0, acc1, rows, scale_ptr, bias_ptr, N, HAS_SCALE, SCALE_PER_ROW, HAS_BIAS)
+    else:
+        scale = 1.0
+        bias = 0.0
+        if not PARTIAL:
+            if HAS_SCALE:
+                scale = _weight_scale(scale_ptr, rows, N, SCALE_PER_ROW)
+            if HAS_BIAS:
+                bias = tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
+        _store_row(out_ptr, acc0, 0, pid_k, rows, scale, bias, N, stride_om, M, HAS_SCALE, HAS_BIAS, PARTIAL)
+        if M > 1:
+            _store_row(out_ptr, acc1, 1, pid_k, rows, scale, bias, N, stride_om, M, HAS_SCALE, HAS_BIAS, PARTIAL)
+        if M > 2:
+            _store_row(out_ptr, acc2, 2, pid_k, rows, scale, bias, N, stride_om, M, HAS_SCALE, HAS_BIAS, PARTIAL)
+        if M > 3:
+            _store_row(out_ptr, acc3, 3, pid_k, rows, scale, bias, N, stride_om, M, HAS_SCALE, HAS_BIAS, PARTIAL)
 
 
 @triton.jit
@@ -261,10 +369,11 @@ def _split_k_reduce_kernel(
     tl.store(out_ptr + m * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rows_and_out(x, weight, silu_mul: bool, out, max_rows: int, name: str):
+def rows_and_out(x, weight, silu_mul: bool, out, max_rows: int, name: str, n_out: int | None = None):
     """The GEMV wrappers' checks on x, weight [N, K] and out: (x as [M, K or 2K], out, out as
-    [M, N], M), out made in x's dtype when not given."""
+    [M, n_out], M), out made in x's dtype when not given; n_out defaults to N."""
     n, k = weight.shape
+    n = n_out or n
     assert x.shape[-1] == (2 * k if silu_mul else k), f"x {tuple(x.shape)} does not fit weight {(n, k)}"
     assert weight.stride(1) == 1, "weight rows must be contiguous"
     x2 = x.reshape(-1, x.shape[-1])
@@ -320,11 +429,17 @@ def gemv(
     act: str | None = None,
     out: torch.Tensor | None = None,
     config: GemvConfig | None = None,
+    norm: GemvNorm | None = None,
+    epilogue: str | None = None,
 ) -> torch.Tensor:
     """x [..., K] (or [..., 2 * K] holding gate then up with act="silu_mul") with at most MAX_ROWS
     rows; weight [N, K] row-major, FP8 with weight_scale float32 [N] (per row) or [] / [1] (per
-    tensor). Returns [..., N] in x's dtype (into out, if given)."""
+    tensor). Returns [..., N] in x's dtype (into out, if given).
+
+    norm: x is RMSNorm's input (see GemvNorm). epilogue="silu_mul": weight is gate|up [2 * I, K]
+    and the result silu(gate) * up [..., I]; one row of x and one K split only."""
     assert act in (None, "silu_mul"), f"unknown act {act!r}"
+    assert epilogue in (None, "silu_mul"), f"unknown epilogue {epilogue!r}"
     n, k = weight.shape
     fp8 = weight.dtype in FP8_DTYPES
     assert (weight_scale is not None) == fp8, "an FP8 weight needs its weight_scale, and only it"
@@ -334,25 +449,53 @@ def gemv(
         assert weight_scale.numel() in (1, n) and weight_scale.is_contiguous(), (
             f"weight_scale {tuple(weight_scale.shape)}: one per output row ({n}) or one per tensor")
     silu_mul = act == "silu_mul"
-    x2, out, out2, m = rows_and_out(x, weight, silu_mul, out, MAX_ROWS, "gemv")
+    glu = epilogue == "silu_mul"
+    assert not (glu and n % 2), f"a gate|up weight has an even number of rows, not {n}"
+    n_out = n // 2 if glu else n
+    x2, out, out2, m = rows_and_out(x, weight, silu_mul, out, MAX_ROWS, "gemv", n_out)
     if m == 0 or n == 0 or k == 0:
+        assert norm is None and not glu, "a folded norm or epilogue needs rows, columns and K"
         return empty_result(out, bias, k)
-    cfg = config or gemv_config(m, n, k, _num_sms(x.device), weight_bytes=1 if fp8 else 2)
+    cfg = config or gemv_config(m, n_out, k, _num_sms(x.device), weight_bytes=1 if fp8 else 2)
 
     k_per_split, splits = split_k_plan(k, cfg.split_k, cfg.block_k)
+    assert not glu or (m == 1 and splits == 1 and out2.stride(0) == n_out), (
+        "the silu_mul epilogue takes one row of x, one K split and a contiguous out")
+    r2, h2, g = _norm_args(norm, x2, silu_mul)
     has_bias = bias is not None
     bias_arg = bias if has_bias else weight  # never read
     scale_arg = weight_scale if fp8 else weight  # never read
     target = out2
     if splits > 1:
-        target = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
-    _gemv_kernel[(triton.cdiv(n, cfg.block_n), splits)](
-        x2, weight, scale_arg, bias_arg, target,
-        n, k, k_per_split, x2.stride(0), weight.stride(0), out2.stride(0),
-        M=m, HAS_SCALE=fp8, SCALE_PER_ROW=per_row, HAS_BIAS=has_bias, SILU_MUL=silu_mul, PARTIAL=splits > 1, EVEN_K=k % k_per_split == 0,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FOLD=min(cfg.fold, cfg.block_k),
+        target = torch.empty(splits, m, n_out, dtype=torch.float32, device=x.device)
+    _gemv_kernel[(triton.cdiv(n_out, cfg.block_n), splits)](
+        x2, weight, scale_arg, bias_arg, target, r2, g, h2,
+        n_out, k, k_per_split, x2.stride(0), weight.stride(0), out2.stride(0), r2.stride(0), h2.stride(0),
+        norm.eps if norm is not None else 0.0,
+        M=m, HAS_SCALE=fp8, SCALE_PER_ROW=per_row, HAS_BIAS=has_bias, SILU_MUL=silu_mul, PARTIAL=splits > 1,
+        NORM=norm is not None, RESIDUAL=norm is not None and norm.residual is not None, GLU_OUT=glu,
+        EVEN_K=k % k_per_split == 0, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FOLD=min(cfg.fold, cfg.block_k),
         PDL=(on := pdl.flag(x2, m)), num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.options(on),
     )
     if splits > 1:
         reduce_splits(target, scale_arg if fp8 else None, per_row, bias, out2)
     return out
+
+
+def _norm_args(norm: GemvNorm | None, x2: torch.Tensor, silu_mul: bool):
+    """(residual as [M, K], residual_out as [M, K], norm weight) for the kernel; x2 itself where a
+    part is absent (never read)."""
+    if norm is None:
+        return x2, x2, x2
+    assert not silu_mul, "a folded norm feeds a plain input, not gate|up"
+    k = x2.shape[1]
+    assert norm.weight.shape == (k,) and norm.weight.dtype == x2.dtype and norm.weight.is_contiguous(), (
+        f"the norm weight must be [{k}] in x's dtype {x2.dtype}")
+    if norm.residual is None:
+        return x2, x2, norm.weight
+    assert norm.residual_out is not None, "a residual needs residual_out for x + residual"
+    r2, h2 = norm.residual.reshape(x2.shape), norm.residual_out.view(x2.shape)
+    assert r2.stride(-1) == 1 and h2.stride(-1) == 1, "residual rows must be contiguous"
+    assert h2.data_ptr() not in (x2.data_ptr(), r2.data_ptr()), (
+        "residual_out must not alias x or residual: every program reads them while one writes")
+    return r2, h2, norm.weight

@@ -142,13 +142,13 @@ GEMV_ENABLED = True
 _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def configure(enable_gemv: bool = True, fused_rope_kv: bool = True, pdl: bool = False,
+def configure(enable_gemv: bool = True, fused_rope_kv: bool = True, pdl: bool = False, fold_gemv: bool = True,
               device: torch.device | None = None) -> None:
     """Install the engine's kernel choices; the model runner calls it once, when it starts (each
     tensor-parallel worker too), before any kernel runs. pdl (kernels/pdl.py) takes effect only on
     a GPU that has it (an older GPU logs a warning; the CPU needs none)."""
-    global GEMV_ENABLED, FUSED_ROPE_KV
-    GEMV_ENABLED, FUSED_ROPE_KV = enable_gemv, fused_rope_kv
+    global GEMV_ENABLED, FUSED_ROPE_KV, FOLD_INTO_GEMV
+    GEMV_ENABLED, FUSED_ROPE_KV, FOLD_INTO_GEMV = enable_gemv, fused_rope_kv, fold_gemv
     # pdl.py imports Triton: a CPU process never loads it for this
     launch = sys.modules.get("pagoda.kernels.pdl")
     wanted = pdl and device is not None and device.type == "cuda"
@@ -214,6 +214,10 @@ def silu_and_mul_linear(x, weight, bias=None):
 # False keeps RMSNorm and the FP8 activation quantization after it as two kernels, so a benchmark
 # can compare the two (runtime/quantization/fp8_linear.norm_for).
 FUSED_NORM_QUANT = True
+# At one row, the weight-only FP8 GEMV takes the RMSNorm before it into its input and the MLP's
+# silu(gate) * up into gate_up's output (kernels/gemv.py; fp8_linear.norm_for and glu). False (the
+# engine's --no-fold-gemv, installed by configure()) keeps them as kernels of their own.
+FOLD_INTO_GEMV = True
 
 
 def fp8_path(x, weight, bias=None, act=None):
@@ -233,11 +237,14 @@ def fp8_path(x, weight, bias=None, act=None):
     return launch
 
 
-def fp8_gemv(x, weight, weight_scale, bias=None, act=None, config=None, path="gemv"):
+def fp8_gemv(x, weight, weight_scale, bias=None, act=None, config=None, path="gemv", *, norm=None,
+             epilogue=None):
     """y = act(x) @ (weight * weight_scale)^T + bias for an e4m3 weight [N, K] and its float32 scales
     (per row or per tensor), x left unquantized; act None or "silu_mul" (x then holds gate|up).
-    path "gemv" runs kernels/gemv.py, "gemv_fp8" its second version (kernels/gemv_fp8.py)."""
+    path "gemv" runs kernels/gemv.py, "gemv_fp8" its second version (kernels/gemv_fp8.py). norm (a
+    kernels.gemv.GemvNorm) and epilogue ("silu_mul") are gemv.py's folds: that path only."""
     if path == "gemv_fp8":
+        assert norm is None and epilogue is None, "gemv_fp8 folds no norm or epilogue"
         from pagoda.kernels.gemv_fp8 import fp8_gemv as triton_fp8_gemv
 
         return triton_fp8_gemv(x, weight, weight_scale, bias, act=act, config=config)
@@ -245,7 +252,7 @@ def fp8_gemv(x, weight, weight_scale, bias=None, act=None, config=None, path="ge
 
     n, k = weight.shape
     config = config or fp8_launch(x.numel() // x.shape[-1], n, k, act, x.device)
-    return gemv(x, weight, bias, weight_scale=weight_scale, act=act, config=config)
+    return gemv(x, weight, bias, weight_scale=weight_scale, act=act, config=config, norm=norm, epilogue=epilogue)
 
 
 def scaled_gemv(q, scale_x, weight, weight_scale, bias=None, *, out_dtype, config=None):

@@ -140,6 +140,9 @@ class EngineArgs:
     enable_pdl: bool = knob(True, "programmatic dependent launch (Hopper+): each decode kernel starts while the "
                                   "one before it ends, and a GEMV streams its first weights meanwhile",
                             type=bool)
+    fold_gemv: bool = knob(True, "at one FP8 decode row, the RMSNorm is folded into the GEMV after it and "
+                                 "silu(gate) * up into gate_up's GEMV (two kernels fewer a layer)",
+                           type=bool)
     tp_start_timeout_s: float = knob(1800.0, "seconds tensor-parallel workers may take to load their shards",
                                      type=float, flag="--tp-start-timeout", metavar="SECONDS")
     # vLLM's --runner: pooling serves embeddings (/v1/embeddings, LLM.embed) instead of text.

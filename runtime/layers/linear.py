@@ -92,6 +92,13 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         offset, size, start = self.output_rows(shard_id)
         param.data.narrow(0, offset, size).copy_(narrow(loaded, 0, start, size))
 
+    def forward_glu(self, x) -> torch.Tensor | None:
+        """silu(gate) * up of this gate|up layer's output where one kernel computes both (an FP8
+        layer at one row: fp8_linear.glu), else None."""
+        if self.fp8 is not None and fp8_linear.is_fp8(self.weight) and len(self.output_sizes) == 2:
+            return fp8_linear.glu(self, x, self.bias)
+        return None
+
 
 class QKVParallelLinear(ColumnParallelLinear):
     """q, k and v projections in one matmul; each rank holds its share of the heads of each."""

@@ -79,6 +79,10 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # At one FP8 row the activation comes out of gate_up's kernel; elsewhere it goes into down's.
+        act = self.gate_up_proj.forward_glu(x)
+        if act is not None:
+            return self.down_proj(act)
         return self.down_proj.forward_silu_mul(self.gate_up_proj(x))
 
     @staticmethod

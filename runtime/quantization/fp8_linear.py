@@ -93,10 +93,28 @@ def fuses_input_norm(layer: nn.Module) -> bool:
             and layer.fp8.activations in ("dynamic-token", "static-tensor"))
 
 
+@dataclass(slots=True)
+class NormedInput:
+    """An FP8 layer's input still to be normalised: RMSNorm(x + residual) * weight, computed by the
+    layer's weight-only GEMV as it reads x (norm_for; kernels/gemv.py). The GEMV also writes
+    x + residual into norm.residual_out, the residual stream the decoder layer carries on."""
+    x: torch.Tensor  # the norm's input
+    norm: object  # kernels.gemv.GemvNorm
+    launch: object  # the kernels.fp8_dispatch.Fp8Launch the layer takes for these rows
+
+
 def norm_for(layer: nn.Module, norm_weight: torch.Tensor, eps: float, x: torch.Tensor, residual=None):
-    """RMSNorm(x [+ residual]) * norm_weight as this FP8 layer's input: a QuantizedInput made by one
+    """RMSNorm(x [+ residual]) * norm_weight as this FP8 layer's input: a NormedInput where the
+    layer's weight-only GEMV folds the norm in (ops.FOLD_INTO_GEMV), a QuantizedInput made by one
     kernel where the layer would quantize it (ops.FUSED_NORM_QUANT), else the plain norm's output."""
     launch = ops.fp8_path(x, layer.weight, layer.bias)
+    if (ops.FOLD_INTO_GEMV and launch.path == "gemv" and norm_weight.dtype == x.dtype and x.is_contiguous()
+            and (residual is None or residual.is_contiguous())):
+        from pagoda.kernels.gemv import GemvNorm
+
+        residual_out = None if residual is None else torch.empty_like(x)
+        normed = NormedInput(x, GemvNorm(norm_weight, eps, residual, residual_out), launch)
+        return normed if residual is None else (normed, residual_out)
     if not (ops.FUSED_NORM_QUANT and launch.quantizes_input):
         return ops.rms_norm(x, norm_weight, eps, residual)
     static = layer.input_scale if layer.fp8.activations == "static-tensor" else None
@@ -113,12 +131,33 @@ def apply(layer: nn.Module, x, bias: torch.Tensor | None, act: str | None = None
     the norm: a QuantizedInput) and then the small-M tensor-core GEMM or torch._scaled_mm."""
     if isinstance(x, QuantizedInput):
         return _matmul(layer, x.q, x.scale, x.shape, x.dtype, bias, x.launch)
+    if isinstance(x, NormedInput):
+        return ops.fp8_gemv(x.x, layer.weight, layer.weight_scale, bias, config=x.launch.config, norm=x.norm)
     launch = ops.fp8_path(x, layer.weight, bias, act)
     if not launch.quantizes_input:
         return ops.fp8_gemv(x, layer.weight, layer.weight_scale, bias, act=act, config=launch.config,
                             path=launch.path)
     q, scale_a, shape = _quantize_input(layer, x, act)
     return _matmul(layer, q, scale_a, shape, x.dtype, bias, launch)
+
+
+def glu(layer: nn.Module, x, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """silu(gate) * up of this gate|up layer's output from one kernel, the weight-only GEMV with
+    the activation in its epilogue, where kernels/fp8_dispatch.fused_glu has a launch for these
+    rows (one row on the H200); else None, and the MLP runs gate_up, then down with SiLU fused."""
+    if not ops.FOLD_INTO_GEMV or isinstance(x, QuantizedInput):
+        return None
+    src = x.x if isinstance(x, NormedInput) else x
+    if not ops.fp8_path(src, layer.weight, bias).path == "gemv":  # the GEMV's device, dtype, strides
+        return None
+    from pagoda.kernels.fp8_dispatch import fused_glu
+
+    launch = fused_glu(src.numel() // src.shape[-1], layer.weight.shape[0], layer.weight.shape[1], src.device)
+    if launch is None:
+        return None
+    norm = x.norm if isinstance(x, NormedInput) else None
+    return ops.fp8_gemv(src, layer.weight, layer.weight_scale, bias, config=launch.config, norm=norm,
+                        epilogue="silu_mul")
 
 
 def _matmul(layer, q, scale_a, shape, dtype, bias, launch) -> torch.Tensor:

@@ -68,7 +68,8 @@ def runner_options(args) -> dict:
                 enforce_eager=args.enforce_eager or args.cudagraph_mode == "NONE",
                 mixed_step_graphs=args.cudagraph_mode == "FULL_AND_PIECEWISE",
                 max_mixed_graph_tokens=args.max_mixed_graph_tokens, enable_gemv=args.enable_gemv,
-                fused_rope_kv=args.fused_rope_kv, enable_pdl=args.enable_pdl, quantization=args.quantization,
+                fused_rope_kv=args.fused_rope_kv, enable_pdl=args.enable_pdl, fold_gemv=args.fold_gemv,
+                quantization=args.quantization,
                 kv_cache_dtype=args.kv_cache_dtype)
 
 

@@ -101,6 +101,7 @@ class ModelRunner:
         enable_gemv: bool = True,
         fused_rope_kv: bool = True,
         enable_pdl: bool = True,
+        fold_gemv: bool = True,
         pooling_type: str | None = None,
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",
@@ -108,7 +109,8 @@ class ModelRunner:
         max_mixed_graph_tokens: int = 512,
     ):
         # once, before any kernel
-        ops.configure(enable_gemv=enable_gemv, fused_rope_kv=fused_rope_kv, pdl=enable_pdl, device=device)
+        ops.configure(enable_gemv=enable_gemv, fused_rope_kv=fused_rope_kv, pdl=enable_pdl, fold_gemv=fold_gemv,
+                      device=device)
         self.model_config = model_config
         self.device = device
         self.dtype = TORCH_DTYPES[model_config.dtype]
