@@ -7,16 +7,25 @@ of BLOCK_N, which may span several cache blocks: every position finds its physic
 the block table, so any power-of-two block size up to 128 works with the same kernel.
 
 Split-KV. When seqs * kv_heads is too few programs to fill the GPU (small batches, long contexts),
-the context is cut into num_splits slices. Each slice writes a partial output and its log-sum-exp,
-and a second kernel merges them. The slice length is computed on the device from each sequence's
-own seq_len, so the launch depends only on host-side hints: no host sync, and a launch captured in
-a CUDA graph stays correct for any context length. With one split the kernel writes the output
-directly and the merge is skipped.
+the context is cut into num_splits slices. Each slice writes a partial output and its log-sum-exp.
+The slice length is computed on the device from each sequence's own seq_len, so the launch depends
+only on host-side hints: no host sync, and a launch captured in a CUDA graph stays correct for any
+context length. With one split the kernel writes the output directly and no merge is needed.
+
+Fused merge. Splits happen only at few rows (decode's single stream: one sequence, 8 KV heads),
+where every kernel boundary of the 32-layer chain costs a few microseconds; so the merge is done
+in the same launch by the last slice of each (seq, kv_head) to finish (the split-K semaphore
+pattern). Each program stores its partials, then counts itself in on that pair's int32 arrival
+counter (an acq_rel atomic); the one that arrives last merges the group's heads as _merge_kernel
+would, bit for bit, and zeroes the counter again for the next launch or graph replay. The
+counters are one persistent buffer per device; FUSED_MERGE = False, more pairs than it holds, more
+than FUSED_MAX_SPLITS slices, or a first use inside a CUDA-graph capture take the two launches
+(decode, then _merge_kernel).
 
 Tile. Few programs per SM (small batches) cannot keep enough loads in flight with a thin tile, so
 below FAT_TILE_BELOW programs per SM each program walks wider tiles, more stages deep; and the
 context is split only below PROGRAMS_PER_SM programs per SM, since a fat-tiled launch of 4 per SM
-already streams near the bandwidth limit and a split costs a merge launch.
+already streams near the bandwidth limit and a split costs a merge.
 """
 
 import functools
@@ -44,25 +53,40 @@ MAX_SPLITS = 32
 # Split the context only below 3 programs per SM: with the fat tile, 4 per SM already stream at
 # 88-106% of 4.25 TB/s, and a split adds a merge launch.
 PROGRAMS_PER_SM = 3
+FUSED_MERGE = True  # False keeps the two launches (decode, then _merge_kernel), so a benchmark can compare them
+# (seq, kv_head) pairs the arrival counters hold: splits need seqs * kv_heads under PROGRAMS_PER_SM
+# programs per SM (choose_num_splits), far below this on any GPU.
+COUNTER_CAPACITY = 4096
+# Past 16 slices the last program's merge (2 warps over GROUP heads x NUM_SPLITS partials) outlasts
+# a merge launch of num_heads programs: one sequence, 8 KV heads, group 4, bf16 on the H200, per
+# layer in a graph, two launches -> fused, without / with PDL: 2 slices 9.08 -> 8.71 / 8.51 -> 8.15 us,
+# 8: 9.53 -> 9.30 / 9.51 -> 9.21, 16 (8k): 16.79 -> 16.46 / 20.70 -> 20.44, 32: 12.36 -> 12.59 / 13.90 -> 14.71.
+FUSED_MAX_SPLITS = 16
+# device -> int32 [COUNTER_CAPACITY], all zeros between launches. Shared by every launch on the
+# device, so two decode launches must not run at once on two streams (the engine runs one).
+_COUNTERS: dict = {}
 
 
 @triton.jit
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-    out_ptr, part_out_ptr, part_lse_ptr,
+    out_ptr, part_out_ptr, part_lse_ptr, counters_ptr,
     qk_scale, cap_log2, window, v_scale,
     stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh,
     NUM_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, FP8_AS_F16: tl.constexpr, PDL: tl.constexpr,
+    FUSED: tl.constexpr, MERGE_G: tl.constexpr,
 ):
     pdl.launch_dependents(PDL)
-    pdl.wait(PDL)
+    pdl.wait(PDL)  # before the counter's atomic too: it is a write
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     q_row = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_row
+    # The only early out. It is the same for every split of a (seq, kv_head), so with the fused
+    # merge either all of them arrive at the pair's counter or none touches it: it stays zero.
     if q_len > 0:
         seq_len = tl.load(seq_lens_ptr + seq)
         # A sliding window shows the query only its last `window` positions: the slices cut those,
@@ -117,13 +141,62 @@ def _decode_kernel(
                      acc / tl.where(denom == 0.0, 1.0, denom)[:, None], mask=omask)
             lse = tl.where(denom == 0.0, float("-inf"), m + tl.log2(tl.where(denom == 0.0, 1.0, denom)))
             tl.store(part_lse_ptr + part, lse, mask=gmask)
+            if FUSED:
+                # Every thread's stores come before the arrival; the atomic's release publishes
+                # them at GPU scope and its acquire, in the last program, makes all the others'
+                # visible to it.
+                tl.debug_barrier()
+                counter = counters_ptr + seq * tl.num_programs(1) + kv_head
+                if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
+                    # The whole group at once: one round of loads, not one per head. ".cg": the
+                    # partials were written by other programs, perhaps on other SMs, and an earlier
+                    # launch's merge may have left the same addresses in this SM's L1, which is not
+                    # coherent; .cg reads them from L2, which is.
+                    _merge(part_out_ptr, part_lse_ptr, out_ptr, q_row, stride_ot, stride_oh,
+                           seq * tl.num_programs(1) * GROUP + kv_head * GROUP, kv_head * GROUP,
+                           GROUP, MERGE_G, NUM_SPLITS, HEAD_DIM, BLOCK_D, ".cg")
+                    # All NUM_SPLITS have arrived, so nothing else touches it in this launch; the
+                    # kernel's end publishes the zero to the next launch (or replay).
+                    tl.store(counter, 0)
+
+
+@triton.jit
+def _merge(part_out_ptr, part_lse_ptr, out_ptr, q_row, stride_ot, stride_oh, seq_head, head,
+           HEADS: tl.constexpr, BLOCK_H: tl.constexpr, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
+           BLOCK_D: tl.constexpr, CACHE: tl.constexpr):
+    """Merge the partials of HEADS heads of one sequence (seq_head = seq * num_heads + head, the
+    first of them) into their output rows. The sums run split by split, elementwise, rather than as
+    tl.sum reductions, whose order follows the layout (the tensor's shape and num_warps): so the
+    fused merge (a group, the decode kernel's warps) and _merge_kernel (one head, its own warps)
+    give the same bits. CACHE is the partials' load cache modifier."""
+    h = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    hmask = h < HEADS
+    part = (seq_head + h).to(tl.int64) * NUM_SPLITS  # [num_seqs, num_heads, NUM_SPLITS] rows
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    for sp in tl.static_range(NUM_SPLITS):  # a maximum is exact in any order
+        m = tl.maximum(m, tl.load(part_lse_ptr + part + sp, mask=hmask, other=float("-inf"),
+                                  cache_modifier=CACHE))
+    m = tl.where(m == float("-inf"), 0.0, m)
+    total = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    omask = hmask[:, None] & (d[None, :] < HEAD_DIM)
+    for sp in tl.static_range(NUM_SPLITS):
+        w = tl.exp2(tl.load(part_lse_ptr + part + sp, mask=hmask, other=float("-inf"),
+                            cache_modifier=CACHE) - m)  # empty slices weigh 0
+        o = tl.load(part_out_ptr + (part + sp)[:, None] * HEAD_DIM + d[None, :], mask=omask, other=0.0,
+                    cache_modifier=CACHE)
+        total += w
+        acc += w[:, None] * o
+    out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
+    tl.store(out_ptr + q_row.to(tl.int64) * stride_ot + (head + h)[:, None] * stride_oh + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=omask)
 
 
 @triton.jit
 def _merge_kernel(
     part_out_ptr, part_lse_ptr, query_start_loc_ptr, out_ptr, stride_ot, stride_oh,
-    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl.launch_dependents(PDL)
     pdl.wait(PDL)
@@ -132,18 +205,8 @@ def _merge_kernel(
     q_row = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_row
     if q_len > 0:
-        sp = tl.arange(0, BLOCK_S)
-        d = tl.arange(0, BLOCK_D)
-        part = (seq.to(tl.int64) * tl.num_programs(1) + head) * NUM_SPLITS + sp
-        lse = tl.load(part_lse_ptr + part, mask=sp < NUM_SPLITS, other=float("-inf"))
-        m = tl.max(lse, axis=0)
-        w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))  # empty slices weigh 0
-        o = tl.load(part_out_ptr + part[:, None] * HEAD_DIM + d[None, :],
-                    mask=(sp[:, None] < NUM_SPLITS) & (d[None, :] < HEAD_DIM), other=0.0)
-        total = tl.sum(w, axis=0)
-        out = tl.sum(w[:, None] * o, axis=0) / tl.where(total == 0.0, 1.0, total)
-        tl.store(out_ptr + q_row.to(tl.int64) * stride_ot + head * stride_oh + d,
-                 out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+        _merge(part_out_ptr, part_lse_ptr, out_ptr, q_row, stride_ot, stride_oh,
+               seq * tl.num_programs(1) + head, head, 1, 1, NUM_SPLITS, HEAD_DIM, BLOCK_D, "")
 
 
 @functools.cache
@@ -177,6 +240,19 @@ def choose_tile(num_programs: int, element_size: int, device: torch.device, head
         # Gemma's head_dim 256 doubles each K and V tile: two stages keep them in shared memory
         return FAT_TILE if head_dim <= 128 else (*FAT_TILE[:2], 2)
     return BLOCK_N, NUM_WARPS, NUM_STAGES
+
+
+def _arrival_counters(device: torch.device) -> torch.Tensor | None:
+    """The device's zeroed arrival counters, allocated on first use; None (take the two launches)
+    if that first use is inside a CUDA-graph capture. There torch.zeros would only record its
+    fill, leaving the buffer unzeroed until a replay, and in the graph's private pool; the engine
+    warms up eagerly before it captures, so the fused merge is in its graphs all the same."""
+    counters = _COUNTERS.get(device)
+    if counters is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        counters = _COUNTERS[device] = torch.zeros(COUNTER_CAPACITY, dtype=torch.int32, device=device)
+    return counters
 
 
 def paged_attention_decode(
@@ -225,29 +301,32 @@ def paged_attention_decode(
     block_d = max(16, triton.next_power_of_2(head_dim))
     default_n, default_warps, default_stages = choose_tile(
         num_seqs * num_kv_heads * num_splits, k_cache.element_size(), query.device, head_dim)
+    counters = None
     if num_splits > 1:
         part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32,
                                device=query.device)
         part_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=query.device)
+        if FUSED_MERGE and num_splits <= FUSED_MAX_SPLITS and num_seqs * num_kv_heads <= COUNTER_CAPACITY:
+            counters = _arrival_counters(query.device)
     else:
         part_out = part_lse = out  # unused
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-        out, part_out, part_lse,
+        out, part_out, part_lse, out if counters is None else counters,  # out: unused
         *score_scales(scale * k_scale, softcap), sliding_window or NO_WINDOW, float(v_scale),
         query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         NUM_SPLITS=num_splits, GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=block_size, BLOCK_N=block_n or default_n,
         SOFTCAP=bool(softcap), PRECISION=dot_precision(query), FP8_AS_F16=fp8_as_f16(query, k_cache),
-        PDL=(on := pdl.flag(query, num_seqs)), num_warps=num_warps or default_warps,
-        num_stages=num_stages or default_stages, **pdl.options(on),
+        PDL=(on := pdl.flag(query, num_seqs)), FUSED=counters is not None,
+        MERGE_G=triton.next_power_of_2(group),  # BLOCK_G's padding to 16 is for tl.dot alone
+        num_warps=num_warps or default_warps, num_stages=num_stages or default_stages, **pdl.options(on),
     )
-    if num_splits > 1:
+    if num_splits > 1 and counters is None:
         _merge_kernel[(num_seqs, num_heads)](
             part_out, part_lse, query_start_loc, out, out.stride(0), out.stride(1),
-            NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
-            HEAD_DIM=head_dim, BLOCK_D=block_d, PDL=on, num_warps=4 if head_dim >= 128 else 2,
-            **pdl.options(on),
+            NUM_SPLITS=num_splits, HEAD_DIM=head_dim, BLOCK_D=block_d, PDL=on,
+            num_warps=4 if head_dim >= 128 else 2, **pdl.options(on),
         )
     return out
