@@ -85,7 +85,7 @@ class Chain:
                               for _ in range(2)]
             self.layers.append(layer)
         self.configs = {}  # projection -> GemvConfig overriding the runtime's launch (FP8 only)
-        self.folds = False  # FP8: the norms and silu(gate) * up folded into the GEMVs
+        self.folds = frozenset()  # FP8: "norm" (the norms into the next GEMV), "glu" (silu(gate) * up)
         self.x = torch.randn(1, d["hidden"], device=device).to(bf16)
         self.positions = torch.tensor([d["context"] - 1], device=device)
         half = d["head_dim"] // 2
@@ -129,7 +129,7 @@ class Chain:
         from pagoda.kernels import ops
         from pagoda.kernels.gemv import GemvNorm
 
-        if self.folds:
+        if "norm" in self.folds:
             residual_out = None if residual is None else self.torch.empty_like(x)
             return x, GemvNorm(weight, 1e-5, residual, residual_out), (x if residual is None else residual_out)
         if residual is None:
@@ -156,10 +156,10 @@ class Chain:
                                           d["head_dim"] ** -0.5, max_seq_len=d["context"])
             o = self.linear(layer, "o_proj", attn.view(1, -1))
             h, norm, residual = self.normed(o, layer["norms"][1], residual)
-            if self.folds:
+            if "glu" in self.folds:
                 x = self.linear(layer, "down_plain", self.linear(layer, "gate_up_glu", h, norm))
             else:
-                x = self.linear(layer, "down_proj", self.linear(layer, "gate_up_proj", h))
+                x = self.linear(layer, "down_proj", self.linear(layer, "gate_up_proj", h, norm))
         return x + residual
 
 
@@ -233,12 +233,13 @@ def run_variants(torch, chain: Chain, args) -> dict:
     largest difference of each setting's output from the unfolded two-kernel-merge chain's."""
     merge = merge_switch()
     res, base = {}, None
-    for folds in ((False, True) if chain.fp8 else (False,)):
+    fold_sets = ((), ("norm",), ("glu",), ("norm", "glu")) if chain.fp8 else ((),)
+    for folds in fold_sets:
         for fused_merge in ((False, True) if merge else (False,)):
-            chain.folds = folds
+            chain.folds = frozenset(folds)
             if merge:
                 merge.FUSED_MERGE = fused_merge
-            name = f"folds_{'on' if folds else 'off'}_merge_{'fused' if fused_merge else 'kernel'}"
+            name = f"folds_{'+'.join(folds) or 'none'}_merge_{'fused' if fused_merge else 'kernel'}"
             outs, entry = [], {}
             for on in (False, True):
                 ms, out = run_chain(torch, chain, on, args.replays, args.smoke)
@@ -249,7 +250,7 @@ def run_variants(torch, chain: Chain, args) -> dict:
             entry["max_abs_diff_from_unfused"] = float((outs[0].float() - base.float()).abs().max())
             res[name] = entry
             print(f"  {name}: {entry}", flush=True)
-    chain.folds = chain.fp8
+    chain.folds = frozenset(("norm", "glu") if chain.fp8 else ())
     if merge:
         merge.FUSED_MERGE = True
     return res

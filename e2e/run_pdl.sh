@@ -9,6 +9,8 @@
 #     w2fp8        W2 FP8 only
 #     w2fold       W2 FP8 with --no-fold-gemv, then at the defaults (folds on) against it
 #     w2bf16       W2 bf16 once, at the defaults
+#     w2fp8once    W2 FP8 once, at the defaults
+#     attention    e2e/decode_attention_w2_bench.py: W2's decode attention (one sequence) over splits and tiles
 #     w1           W1 (bench throughput, bf16) with PDL off then on: batches above the GEMV's rows
 #     w4           W4 (bench throughput, 1,024 seats) with PDL off then on
 #     w4busy       W4 at the defaults with the profiler's GPU-busy figure (--gpu-busy 1024)
@@ -83,6 +85,9 @@ for s in "${STAGES[@]}"; do
         w2fold) stage w2-fold w2fold ;;
         w2bf16) stage w2-bf16 timeout 150 "$PY" -m pagoda.runtime.cli bench latency --backend pagoda --model w1 \
             --warmup-iters 2 --iters 5 ${ENGINE_ARGS:-} --out "$RES" ;;
+        w2fp8once) stage w2-fp8-once timeout 150 "$PY" -m pagoda.runtime.cli bench latency --backend pagoda --model w1 \
+            --warmup-iters 2 --iters 5 --quantization fp8 ${ENGINE_ARGS:-} --out "$RES" ;;
+        attention) stage attention timeout 200 "$PY" e2e/decode_attention_w2_bench.py --out "$RES" ;;
         w1) stage w1 w1 W1 ;;
         w4) stage w4 w1 W4 ;;
         w4busy) stage w4-busy timeout 300 "$PY" -m pagoda.runtime.cli bench throughput --workload W4 --backend pagoda \

@@ -142,13 +142,13 @@ GEMV_ENABLED = True
 _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def configure(enable_gemv: bool = True, fused_rope_kv: bool = True, pdl: bool = False, fold_gemv: bool = True,
+def configure(enable_gemv: bool = True, fused_rope_kv: bool = True, pdl: bool = False, fold_gemv: bool = False,
               device: torch.device | None = None) -> None:
     """Install the engine's kernel choices; the model runner calls it once, when it starts (each
     tensor-parallel worker too), before any kernel runs. pdl (kernels/pdl.py) takes effect only on
     a GPU that has it (an older GPU logs a warning; the CPU needs none)."""
-    global GEMV_ENABLED, FUSED_ROPE_KV, FOLD_INTO_GEMV
-    GEMV_ENABLED, FUSED_ROPE_KV, FOLD_INTO_GEMV = enable_gemv, fused_rope_kv, fold_gemv
+    global GEMV_ENABLED, FUSED_ROPE_KV, FOLD_NORM, FOLD_GLU
+    GEMV_ENABLED, FUSED_ROPE_KV, FOLD_NORM, FOLD_GLU = enable_gemv, fused_rope_kv, fold_gemv, fold_gemv
     # pdl.py imports Triton: a CPU process never loads it for this
     launch = sys.modules.get("pagoda.kernels.pdl")
     wanted = pdl and device is not None and device.type == "cuda"
@@ -214,10 +214,12 @@ def silu_and_mul_linear(x, weight, bias=None):
 # False keeps RMSNorm and the FP8 activation quantization after it as two kernels, so a benchmark
 # can compare the two (runtime/quantization/fp8_linear.norm_for).
 FUSED_NORM_QUANT = True
-# At one row, the weight-only FP8 GEMV takes the RMSNorm before it into its input and the MLP's
-# silu(gate) * up into gate_up's output (kernels/gemv.py; fp8_linear.norm_for and glu). False (the
-# engine's --no-fold-gemv, installed by configure()) keeps them as kernels of their own.
-FOLD_INTO_GEMV = True
+# At one row, the weight-only FP8 GEMV may take the RMSNorm before it into its input (FOLD_NORM)
+# and the MLP's silu(gate) * up into gate_up's output (FOLD_GLU) (kernels/gemv.py; fp8_linear.norm_for
+# and glu). Both off unless the engine's --fold-gemv (installed by configure()): on the H200 they
+# made the 8B decode chain slower (e2e/PERF_NOTES.md, "Folds into the GEMV").
+FOLD_NORM = False
+FOLD_GLU = False
 
 
 def fp8_path(x, weight, bias=None, act=None):

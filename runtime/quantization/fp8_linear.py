@@ -105,10 +105,10 @@ class NormedInput:
 
 def norm_for(layer: nn.Module, norm_weight: torch.Tensor, eps: float, x: torch.Tensor, residual=None):
     """RMSNorm(x [+ residual]) * norm_weight as this FP8 layer's input: a NormedInput where the
-    layer's weight-only GEMV folds the norm in (ops.FOLD_INTO_GEMV), a QuantizedInput made by one
+    layer's weight-only GEMV folds the norm in (ops.FOLD_NORM), a QuantizedInput made by one
     kernel where the layer would quantize it (ops.FUSED_NORM_QUANT), else the plain norm's output."""
     launch = ops.fp8_path(x, layer.weight, layer.bias)
-    if (ops.FOLD_INTO_GEMV and launch.path == "gemv" and norm_weight.dtype == x.dtype and x.is_contiguous()
+    if (ops.FOLD_NORM and launch.path == "gemv" and norm_weight.dtype == x.dtype and x.is_contiguous()
             and (residual is None or residual.is_contiguous())):
         from pagoda.kernels.gemv import GemvNorm
 
@@ -145,7 +145,7 @@ def glu(layer: nn.Module, x, bias: torch.Tensor | None) -> torch.Tensor | None:
     """silu(gate) * up of this gate|up layer's output from one kernel, the weight-only GEMV with
     the activation in its epilogue, where kernels/fp8_dispatch.fused_glu has a launch for these
     rows (one row on the H200); else None, and the MLP runs gate_up, then down with SiLU fused."""
-    if not ops.FOLD_INTO_GEMV or isinstance(x, QuantizedInput):
+    if not ops.FOLD_GLU or isinstance(x, QuantizedInput):
         return None
     src = x.x if isinstance(x, NormedInput) else x
     if not ops.fp8_path(src, layer.weight, bias).path == "gemv":  # the GEMV's device, dtype, strides

@@ -1,4 +1,4 @@
-"""The decoder layer's FP8 folds at one row (ops.FOLD_INTO_GEMV): the RMSNorm linked to qkv_proj or
+"""The decoder layer's FP8 folds at one row (--fold-gemv: ops.FOLD_NORM and FOLD_GLU): the RMSNorm linked to qkv_proj or
 gate_up_proj is computed inside that layer's weight-only GEMV (fp8_linear.NormedInput), and the MLP
 takes silu(gate) * up out of gate_up's GEMV (fp8_linear.glu), so down_proj reads a plain input.
 Run on the CPU with the dispatcher treating CPU tensors as CUDA ones (the kernels interpreted), and
@@ -63,10 +63,13 @@ def norm_linked_to(layer):
 
 def both_ways(monkeypatch, calls, run):
     """run() with the folds on and off: (result on, calls on, result off, calls off)."""
+    monkeypatch.setattr(ops, "FOLD_NORM", True)
+    monkeypatch.setattr(ops, "FOLD_GLU", True)
     on = run()
     calls_on = list(calls)
     calls.clear()
-    monkeypatch.setattr(ops, "FOLD_INTO_GEMV", False)
+    monkeypatch.setattr(ops, "FOLD_NORM", False)
+    monkeypatch.setattr(ops, "FOLD_GLU", False)
     off = run()
     return on, calls_on, off, list(calls)
 
