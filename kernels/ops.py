@@ -142,13 +142,13 @@ GEMV_ENABLED = True
 _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def configure(enable_gemv: bool = True, fused_rope_kv: bool = True, pdl: bool = False, fold_gemv: bool = False,
+def configure(enable_gemv: bool = True, fused_rope_kv: bool = True, pdl: bool = False, fold_gemv: bool = True,
               device: torch.device | None = None) -> None:
     """Install the engine's kernel choices; the model runner calls it once, when it starts (each
     tensor-parallel worker too), before any kernel runs. pdl (kernels/pdl.py) takes effect only on
     a GPU that has it (an older GPU logs a warning; the CPU needs none)."""
-    global GEMV_ENABLED, FUSED_ROPE_KV, FOLD_NORM, FOLD_GLU
-    GEMV_ENABLED, FUSED_ROPE_KV, FOLD_NORM, FOLD_GLU = enable_gemv, fused_rope_kv, fold_gemv, fold_gemv
+    global GEMV_ENABLED, FUSED_ROPE_KV, FOLD_GLU
+    GEMV_ENABLED, FUSED_ROPE_KV, FOLD_GLU = enable_gemv, fused_rope_kv, fold_gemv
     # pdl.py imports Triton: a CPU process never loads it for this
     launch = sys.modules.get("pagoda.kernels.pdl")
     wanted = pdl and device is not None and device.type == "cuda"
@@ -214,12 +214,14 @@ def silu_and_mul_linear(x, weight, bias=None):
 # False keeps RMSNorm and the FP8 activation quantization after it as two kernels, so a benchmark
 # can compare the two (runtime/quantization/fp8_linear.norm_for).
 FUSED_NORM_QUANT = True
-# At one row, the weight-only FP8 GEMV may take the RMSNorm before it into its input (FOLD_NORM)
-# and the MLP's silu(gate) * up into gate_up's output (FOLD_GLU) (kernels/gemv.py; fp8_linear.norm_for
-# and glu). Both off unless the engine's --fold-gemv (installed by configure()): on the H200 they
-# made the 8B decode chain slower (e2e/PERF_NOTES.md, "Folds into the GEMV").
+# At one row the weight-only FP8 GEMV computes the MLP's silu(gate) * up in gate_up's epilogue
+# (FOLD_GLU: the engine's --fold-gemv, installed by configure(); fp8_linear.glu), which took the 8B
+# FP8 decode chain from 2.52 to 2.46 ms on the H200. It may also take the RMSNorm before it into its
+# input (FOLD_NORM, fp8_linear.norm_for); that made the chain slower (2.52 -> 2.87 ms: each program's
+# pass over the whole row for rstd outlasts the norm kernel PDL overlaps), so it stays off, a switch
+# for benchmarks (e2e/PERF_NOTES.md, "Folds into the GEMV").
 FOLD_NORM = False
-FOLD_GLU = False
+FOLD_GLU = True
 
 
 def fp8_path(x, weight, bias=None, act=None):

@@ -140,11 +140,9 @@ class EngineArgs:
     enable_pdl: bool = knob(True, "programmatic dependent launch (Hopper+): each decode kernel starts while the "
                                   "one before it ends, and a GEMV streams its first weights meanwhile",
                             type=bool)
-    # Off by default: on the H200 the folds made the 8B FP8 decode chain slower, 2.53 -> 2.80 ms with
-    # PDL (each GEMV program's pass over the whole row for rstd outlasts the norm kernel that PDL
-    # overlaps; e2e/PERF_NOTES.md, "Folds into the GEMV").
-    fold_gemv: bool = knob(False, "at one FP8 decode row, fold the RMSNorm into the GEMV after it and "
-                                  "silu(gate) * up into gate_up's GEMV (two kernels fewer a layer)",
+    # The 8B FP8 decode chain on the H200 (e2e/PERF_NOTES.md, "Folds into the GEMV"): 2.52 -> 2.46 ms.
+    fold_gemv: bool = knob(True, "at one FP8 decode row, gate_up's GEMV computes silu(gate) * up in its "
+                                 "epilogue, so down_proj reads a plain activation (one pass fewer over it)",
                            type=bool)
     tp_start_timeout_s: float = knob(1800.0, "seconds tensor-parallel workers may take to load their shards",
                                      type=float, flag="--tp-start-timeout", metavar="SECONDS")

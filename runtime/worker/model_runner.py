@@ -101,7 +101,7 @@ class ModelRunner:
         enable_gemv: bool = True,
         fused_rope_kv: bool = True,
         enable_pdl: bool = True,
-        fold_gemv: bool = False,
+        fold_gemv: bool = True,
         pooling_type: str | None = None,
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",

@@ -1,4 +1,4 @@
-"""The decoder layer's FP8 folds at one row (--fold-gemv: ops.FOLD_NORM and FOLD_GLU): the RMSNorm linked to qkv_proj or
+"""The decoder layer's FP8 folds at one row (ops.FOLD_NORM, and FOLD_GLU: --fold-gemv): the RMSNorm linked to qkv_proj or
 gate_up_proj is computed inside that layer's weight-only GEMV (fp8_linear.NormedInput), and the MLP
 takes silu(gate) * up out of gate_up's GEMV (fp8_linear.glu), so down_proj reads a plain input.
 Run on the CPU with the dispatcher treating CPU tensors as CUDA ones (the kernels interpreted), and

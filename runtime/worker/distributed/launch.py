@@ -45,7 +45,7 @@ class WorkerSpec:
     enable_gemv: bool = True
     fused_rope_kv: bool = True
     enable_pdl: bool = True
-    fold_gemv: bool = False
+    fold_gemv: bool = True
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
     start_timeout_s: float = 1800.0  # a 70B load is slow
