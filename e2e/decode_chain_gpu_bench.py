@@ -15,8 +15,10 @@ The 32 layers are captured as one CUDA graph and replayed; the figure is the med
 - chain: PDL off and on at the runtime's launches (FP8: kernels/fp8_dispatch's 1-row entries), and
   the hidden state after 32 layers must be the same bits both ways (PDL moves when a kernel starts,
   never what it computes; a missing wait would show here as a race).
-- variants: the GEMV folds (FP8: the RMSNorm in the qkv and gate_up GEMVs, silu(gate) * up in
-  gate_up's epilogue and a plain down GEMV; the engine's --fold-gemv) and the decode attention's
+- variants: the GEMV folds (FP8: "norm", the RMSNorm in the qkv and gate_up GEMVs with a pass over
+  the row for rstd; "sumsq", the same from sums of squares that o_proj and down write as they add
+  to the residual stream; "glu", silu(gate) * up in gate_up's epilogue and a plain down GEMV, the
+  engine's --fold-gemv) and the decode attention's
   merge in its own kernel (kernels/paged_attention_decode.FUSED_MERGE), each on and off, PDL off and
   on; the folds change the rounding of rstd only, so their output is compared, not bit for bit.
 - sweep (FP8, PDL on, every fold on): each projection's GEMV launch over a grid of tiles, the other
@@ -111,8 +113,11 @@ class Chain:
         assert launch is not None and launch.path == "gemv", f"{name}: the runtime takes no GEMV at one row"
         return launch.config
 
-    def linear(self, layer, name, x, norm=None):
+    def linear(self, layer, name, x, norm=None, add_to=None):
+        """The projection's output; with add_to (the residual stream), it is added there in place and
+        (the stream, its squares summed per program) comes back, for the next GEMV's norm."""
         from pagoda.kernels import ops
+        from pagoda.kernels.gemv import ResidualSumsq, gemv_config
 
         act = SHAPES[name][2]
         if self.fp8:
@@ -120,6 +125,11 @@ class Chain:
             cfg = self.configs.get(name) or self.runtime_config(name, x)
             if act == "silu_mul_out":
                 return ops.fp8_gemv(x, w, s, config=cfg, norm=norm, epilogue="silu_mul")
+            if add_to is not None:
+                block_n = (cfg or gemv_config(1, w.shape[0], w.shape[1], weight_bytes=1)).block_n
+                sumsq = self.torch.empty(-(-w.shape[0] // block_n), dtype=self.torch.float32, device=x.device)
+                ops.fp8_gemv(x, w, s, act=act, config=cfg, out=add_to, residual_sumsq=ResidualSumsq(add_to, sumsq))
+                return add_to, sumsq
             return ops.fp8_gemv(x, w, s, act=act, config=cfg, norm=norm)
         (w,) = layer[name]
         return ops.silu_and_mul_linear(x, w) if act else ops.linear(x, w)
@@ -141,10 +151,17 @@ class Chain:
         from pagoda.kernels import ops
         from pagoda.kernels.paged_attention_decode import paged_attention_decode
 
+        from pagoda.kernels.gemv import GemvNorm
+
         d = self.d
-        x, residual = self.x, None
+        x, residual, sumsq = self.x, None, None
+        summed = "sumsq" in self.folds  # o_proj and down add to the stream and sum its squares
         for layer in self.layers:
-            h, norm, residual = self.normed(x, layer["norms"][0], residual)
+            if sumsq is not None:
+                h, norm = residual, GemvNorm(layer["norms"][0], 1e-5, sumsq=sumsq)
+            else:
+                h, norm, residual = self.normed(x, layer["norms"][0], residual)
+                residual = residual.clone() if summed else residual  # the stream is written in place
             qkv = self.linear(layer, "qkv_proj", h, norm)
             q_end, k_end = d["heads"] * d["head_dim"], (d["heads"] + d["kv_heads"]) * d["head_dim"]
             q = qkv[:, :q_end].view(1, d["heads"], d["head_dim"])
@@ -154,13 +171,19 @@ class Chain:
             q = ops.rotary_kv_cache(self.positions, q, k, v, self.cos_sin, kc, vc, self.slot)
             attn = paged_attention_decode(q, kc, vc, self.block_tables, self.seq_lens, self.qsl,
                                           d["head_dim"] ** -0.5, max_seq_len=d["context"])
-            o = self.linear(layer, "o_proj", attn.view(1, -1))
-            h, norm, residual = self.normed(o, layer["norms"][1], residual)
-            if "glu" in self.folds:
-                x = self.linear(layer, "down_plain", self.linear(layer, "gate_up_glu", h, norm))
+            if summed:
+                h, sumsq = self.linear(layer, "o_proj", attn.view(1, -1), add_to=residual)
+                norm = GemvNorm(layer["norms"][1], 1e-5, sumsq=sumsq)
             else:
-                x = self.linear(layer, "down_proj", self.linear(layer, "gate_up_proj", h, norm))
-        return x + residual
+                o = self.linear(layer, "o_proj", attn.view(1, -1))
+                h, norm, residual = self.normed(o, layer["norms"][1], residual)
+            up, down = ("gate_up_glu", "down_plain") if "glu" in self.folds else ("gate_up_proj", "down_proj")
+            act = self.linear(layer, up, h, norm)
+            if summed:
+                _, sumsq = self.linear(layer, down, act, add_to=residual)
+            else:
+                x = self.linear(layer, down, act)
+        return residual if summed else x + residual
 
 
 def run_chain(torch, chain: Chain, pdl_on: bool, replays: int, smoke: bool) -> tuple[float | None, object]:
@@ -233,7 +256,7 @@ def run_variants(torch, chain: Chain, args) -> dict:
     largest difference of each setting's output from the unfolded two-kernel-merge chain's."""
     merge = merge_switch()
     res, base = {}, None
-    fold_sets = ((), ("norm",), ("glu",), ("norm", "glu")) if chain.fp8 else ((),)
+    fold_sets = ((), ("norm",), ("glu",), ("norm", "glu"), ("sumsq",), ("sumsq", "glu")) if chain.fp8 else ((),)
     for folds in fold_sets:
         for fused_merge in ((False, True) if merge else (False,)):
             chain.folds = frozenset(folds)

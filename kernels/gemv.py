@@ -75,6 +75,19 @@ class GemvNorm:
     eps: float
     residual: torch.Tensor | None = None  # [M, K]; None: RMSNorm(x) * weight, nothing written
     residual_out: torch.Tensor | None = None  # [M, K], needed with residual
+    # float32 [P]: x's squares summed in P parts by the GEMV that wrote x (gemv's residual_sumsq),
+    # so rstd needs no pass over x; one row, no residual.
+    sumsq: torch.Tensor | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResidualSumsq:
+    """The GEMV's output added to the residual stream, x @ W^T + residual (out may be residual
+    itself: each program reads and writes its own columns), with each program's sum of the squares
+    of its columns in sumsq [programs], float32: what the next GEMV's folded RMSNorm needs for rstd
+    (GemvNorm.sumsq). One row, one K split."""
+    residual: torch.Tensor  # [1, N]
+    sumsq: torch.Tensor  # [cdiv(N, block_n)] float32
 
 
 # Where this GEMV beat cuBLAS on the H200 (e2e/results/gemv-e34d2a9/), keyed by (rows, N, K, act),
@@ -240,6 +253,24 @@ def _accumulate(acc0, acc1, acc2, acc3, w, w_up, x_ptr, stride_xm, offs_k, K, r_
 
 
 @triton.jit
+def _store_residual_sumsq(out_ptr, acc, rows, scale, bias, r_ptr, sq_ptr, pid_n, N,
+                          HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Row 0 of y + residual, y rounded to the output dtype first and the sum rounded again, as
+    the norm kernel's residual add rounds them; and the program's sum of squares of the sum."""
+    y = tl.sum(acc, axis=1)
+    if HAS_SCALE:
+        y *= scale
+    if HAS_BIAS:
+        y += bias
+    dtype = out_ptr.dtype.element_ty
+    r = tl.load(r_ptr + rows, mask=rows < N, other=0.0)
+    h = (y.to(dtype).to(tl.float32) + r.to(tl.float32)).to(dtype)
+    tl.store(out_ptr + rows, h, mask=rows < N)
+    hf = tl.where(rows < N, h.to(tl.float32), 0.0)
+    tl.store(sq_ptr + pid_n, tl.sum(hf * hf, axis=0))
+
+
+@triton.jit
 def _store_glu(out_ptr, gate_acc, up_acc, rows, scale_ptr, bias_ptr, N,
                HAS_SCALE: tl.constexpr, SCALE_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr):
     """silu(gate) * up for the program's rows of one row of x, each of gate and up rounded to the
@@ -261,11 +292,11 @@ def _store_glu(out_ptr, gate_acc, up_acc, rows, scale_ptr, bias_ptr, N,
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, r_ptr, g_ptr, h_ptr,
-    N, K, k_per_split, stride_xm, stride_wn, stride_om, stride_rm, stride_hm, eps,
+    x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, r_ptr, g_ptr, h_ptr, sq_ptr,
+    N, K, k_per_split, stride_xm, stride_wn, stride_om, stride_rm, stride_hm, eps, num_sumsq,
     M: tl.constexpr, HAS_SCALE: tl.constexpr, SCALE_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
     SILU_MUL: tl.constexpr, PARTIAL: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
-    GLU_OUT: tl.constexpr,
+    GLU_OUT: tl.constexpr, SUMSQ_IN: tl.constexpr, SUMSQ_OUT: tl.constexpr, BLOCK_P: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -298,7 +329,11 @@ def _gemv_kernel(
     rstd1 = 1.0
     rstd2 = 1.0
     rstd3 = 1.0
-    if NORM:  # the folded RMSNorm's first pass, over the whole row; program 0 writes x + residual
+    if SUMSQ_IN:  # the GEMV that wrote x summed its squares (one row): no pass over x
+        parts = tl.arange(0, BLOCK_P)
+        squares = tl.load(sq_ptr + parts, mask=parts < num_sumsq, other=0.0, eviction_policy="evict_last")
+        rstd0 = tl.rsqrt(tl.sum(squares, axis=0) / K + eps)
+    elif NORM:  # the folded RMSNorm's first pass, over the whole row; program 0 writes x + residual
         write = (pid_n == 0) & (pid_k == 0)
         rstd0 = _row_rstd(x_ptr, r_ptr, h_ptr, 0, stride_xm, stride_rm, stride_hm, chunk, K, eps, write, RESIDUAL, BLOCK_K)
         if M > 1:
@@ -322,6 +357,14 @@ def _gemv_kernel(
 
     if GLU_OUT:  # one row, one split (gemv checks)
         _store_glu(out_ptr, acc0, acc1, rows, scale_ptr, bias_ptr, N, HAS_SCALE, SCALE_PER_ROW, HAS_BIAS)
+    elif SUMSQ_OUT:  # one row, one split (gemv checks)
+        scale = 1.0
+        bias = 0.0
+        if HAS_SCALE:
+            scale = _weight_scale(scale_ptr, rows, N, SCALE_PER_ROW)
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
+        _store_residual_sumsq(out_ptr, acc0, rows, scale, bias, r_ptr, sq_ptr, pid_n, N, HAS_SCALE, HAS_BIAS)
     else:
         scale = 1.0
         bias = 0.0
@@ -431,13 +474,15 @@ def gemv(
     config: GemvConfig | None = None,
     norm: GemvNorm | None = None,
     epilogue: str | None = None,
+    residual_sumsq: ResidualSumsq | None = None,
 ) -> torch.Tensor:
     """x [..., K] (or [..., 2 * K] holding gate then up with act="silu_mul") with at most MAX_ROWS
     rows; weight [N, K] row-major, FP8 with weight_scale float32 [N] (per row) or [] / [1] (per
     tensor). Returns [..., N] in x's dtype (into out, if given).
 
     norm: x is RMSNorm's input (see GemvNorm). epilogue="silu_mul": weight is gate|up [2 * I, K]
-    and the result silu(gate) * up [..., I]; one row of x and one K split only."""
+    and the result silu(gate) * up [..., I]; one row of x and one K split only. residual_sumsq:
+    the result is added to the residual stream, and its squares summed for the next GEMV's norm."""
     assert act in (None, "silu_mul"), f"unknown act {act!r}"
     assert epilogue in (None, "silu_mul"), f"unknown epilogue {epilogue!r}"
     n, k = weight.shape
@@ -462,6 +507,17 @@ def gemv(
     assert not glu or (m == 1 and splits == 1 and out2.stride(0) == n_out), (
         "the silu_mul epilogue takes one row of x, one K split and a contiguous out")
     r2, h2, g = _norm_args(norm, x2, silu_mul)
+    sq, num_sumsq = x2, 1  # never read
+    sumsq_in = norm is not None and norm.sumsq is not None
+    if sumsq_in:
+        assert m == 1 and norm.residual is None, "a norm from summed squares takes one row and no residual"
+        sq, num_sumsq = norm.sumsq, norm.sumsq.numel()
+    if residual_sumsq is not None:
+        assert m == 1 and splits == 1 and not glu and norm is None, (
+            "residual_sumsq takes one row, one K split, no epilogue and no norm")
+        r2, sq = residual_sumsq.residual.reshape(1, n_out), residual_sumsq.sumsq
+        assert sq.dtype == torch.float32 and sq.numel() == triton.cdiv(n_out, cfg.block_n), (
+            f"sumsq holds one float32 per program: {triton.cdiv(n_out, cfg.block_n)}")
     has_bias = bias is not None
     bias_arg = bias if has_bias else weight  # never read
     scale_arg = weight_scale if fp8 else weight  # never read
@@ -469,11 +525,13 @@ def gemv(
     if splits > 1:
         target = torch.empty(splits, m, n_out, dtype=torch.float32, device=x.device)
     _gemv_kernel[(triton.cdiv(n_out, cfg.block_n), splits)](
-        x2, weight, scale_arg, bias_arg, target, r2, g, h2,
+        x2, weight, scale_arg, bias_arg, target, r2, g, h2, sq,
         n_out, k, k_per_split, x2.stride(0), weight.stride(0), out2.stride(0), r2.stride(0), h2.stride(0),
-        norm.eps if norm is not None else 0.0,
+        norm.eps if norm is not None else 0.0, num_sumsq,
         M=m, HAS_SCALE=fp8, SCALE_PER_ROW=per_row, HAS_BIAS=has_bias, SILU_MUL=silu_mul, PARTIAL=splits > 1,
         NORM=norm is not None, RESIDUAL=norm is not None and norm.residual is not None, GLU_OUT=glu,
+        SUMSQ_IN=sumsq_in, SUMSQ_OUT=residual_sumsq is not None,
+        BLOCK_P=triton.next_power_of_2(num_sumsq),
         EVEN_K=k % k_per_split == 0, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FOLD=min(cfg.fold, cfg.block_k),
         PDL=(on := pdl.flag(x2, m)), num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.options(on),
     )

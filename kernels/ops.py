@@ -242,13 +242,14 @@ def fp8_path(x, weight, bias=None, act=None):
 
 
 def fp8_gemv(x, weight, weight_scale, bias=None, act=None, config=None, path="gemv", *, norm=None,
-             epilogue=None):
+             epilogue=None, residual_sumsq=None, out=None):
     """y = act(x) @ (weight * weight_scale)^T + bias for an e4m3 weight [N, K] and its float32 scales
     (per row or per tensor), x left unquantized; act None or "silu_mul" (x then holds gate|up).
     path "gemv" runs kernels/gemv.py, "gemv_fp8" its second version (kernels/gemv_fp8.py). norm (a
-    kernels.gemv.GemvNorm) and epilogue ("silu_mul") are gemv.py's folds: that path only."""
+    kernels.gemv.GemvNorm), epilogue ("silu_mul") and residual_sumsq (a kernels.gemv.ResidualSumsq)
+    are gemv.py's folds: that path only."""
     if path == "gemv_fp8":
-        assert norm is None and epilogue is None, "gemv_fp8 folds no norm or epilogue"
+        assert norm is None and epilogue is None and residual_sumsq is None, "gemv_fp8 folds nothing"
         from pagoda.kernels.gemv_fp8 import fp8_gemv as triton_fp8_gemv
 
         return triton_fp8_gemv(x, weight, weight_scale, bias, act=act, config=config)
@@ -256,7 +257,8 @@ def fp8_gemv(x, weight, weight_scale, bias=None, act=None, config=None, path="ge
 
     n, k = weight.shape
     config = config or fp8_launch(x.numel() // x.shape[-1], n, k, act, x.device)
-    return gemv(x, weight, bias, weight_scale=weight_scale, act=act, config=config, norm=norm, epilogue=epilogue)
+    return gemv(x, weight, bias, weight_scale=weight_scale, act=act, config=config, norm=norm, epilogue=epilogue,
+                residual_sumsq=residual_sumsq, out=out)
 
 
 def scaled_gemv(q, scale_x, weight, weight_scale, bias=None, *, out_dtype, config=None):

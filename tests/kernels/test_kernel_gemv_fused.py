@@ -8,7 +8,7 @@ import torch
 from kernel_testing import pairwise, tolerance
 
 from pagoda.kernels.activation import silu_and_mul
-from pagoda.kernels.gemv import GemvConfig, GemvNorm, gemv
+from pagoda.kernels.gemv import GemvConfig, GemvNorm, ResidualSumsq, gemv
 from pagoda.kernels.gemv_ref import gemv_ref
 from pagoda.kernels.norm import rms_norm
 from pagoda.kernels.quant_fp8_ref import quantize_weight_fp8_ref
@@ -119,3 +119,38 @@ def test_bad_fusions_are_refused():
         gemv(x[:1], w, epilogue="silu_mul", config=GemvConfig(block_n=8, block_k=16, split_k=2))
     with pytest.raises(AssertionError, match="even number of rows"):
         gemv(x[:1], w[:31], epilogue="silu_mul")
+
+
+@pytest.mark.parametrize(**pairwise(dtype=[torch.float32, torch.bfloat16], fp8=[False, True], shape=["odd", "even-k"]))
+def test_residual_sumsq_then_norm_from_them_is_the_add_the_norm_and_the_product(dtype, fp8, shape):
+    """o_proj adds its output to the residual stream in place and sums its squares per program;
+    gate_up's folded norm takes rstd from those sums: the norm kernel's residual add, then RMSNorm,
+    then the product."""
+    n, k, cfg = CONFIGS[shape]
+    o_weight, o_scale = weights(k, n, dtype, fp8)  # the producer writes K columns from N inputs
+    up_weight, up_scale = weights(n, k, dtype, fp8)
+    attn, residual = torch.randn(1, n).to(dtype), torch.randn(1, k).to(dtype)
+    norm_weight = (1 + 0.1 * torch.randn(k)).to(dtype)
+    stream = residual.clone()
+    sumsq = torch.full((-(-k // cfg.block_n),), float("nan"))
+    o = gemv(attn, o_weight, weight_scale=o_scale, out=stream, config=cfg,
+             residual_sumsq=ResidualSumsq(stream, sumsq))
+    assert o is stream
+    unfused_o = gemv(attn, o_weight, weight_scale=o_scale, config=cfg)
+    normed, h = rms_norm(unfused_o, norm_weight, EPS, residual)
+    assert torch.equal(stream, h)  # the residual add, rounded as the norm kernel rounds it
+    torch.testing.assert_close(sumsq.sum(), h.float().pow(2).sum(), rtol=1e-5, atol=1e-5)
+    got = gemv(stream, up_weight, weight_scale=up_scale, config=cfg, norm=GemvNorm(norm_weight, EPS, sumsq=sumsq))
+    torch.testing.assert_close(got, gemv(normed, up_weight, weight_scale=up_scale, config=cfg), **tolerance(dtype))
+
+
+def test_residual_sumsq_refuses_what_it_cannot_do():
+    x, w = torch.randn(2, 64), torch.randn(32, 64)
+    stream, sumsq = torch.randn(2, 32), torch.zeros(4)
+    cfg = GemvConfig(block_n=8, block_k=16)
+    with pytest.raises(AssertionError, match="one row"):
+        gemv(x, w, config=cfg, residual_sumsq=ResidualSumsq(stream, sumsq))
+    with pytest.raises(AssertionError, match="one float32 per program"):
+        gemv(x[:1], w, config=cfg, residual_sumsq=ResidualSumsq(stream[:1], torch.zeros(3)))
+    with pytest.raises(AssertionError, match="summed squares takes one row"):
+        gemv(x, w, norm=GemvNorm(torch.ones(64), EPS, sumsq=sumsq))
