@@ -149,9 +149,8 @@ class Chain:
 
     def forward(self):
         from pagoda.kernels import ops
-        from pagoda.kernels.paged_attention_decode import paged_attention_decode
-
         from pagoda.kernels.gemv import GemvNorm
+        from pagoda.kernels.paged_attention_decode import paged_attention_decode
 
         d = self.d
         x, residual, sumsq = self.x, None, None
