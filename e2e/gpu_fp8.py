@@ -122,8 +122,32 @@ def fold_report(name: str, qw, sw, k: int, device: str) -> dict:
         report["glu_rel_error"] = round(rel(got, want), 6)
         report["glu_same_bits"] = bool(torch.equal(got, want))
         ok &= report["glu_rel_error"] <= GEMM_TOL
+    if name == "gate_up_proj":  # o_proj (4096 x 4096) adds to the stream and sums squares for it
+        from pagoda.kernels.gemv import ResidualSumsq
+        from pagoda.kernels.quant_fp8_ref import quantize_weight_fp8_ref
+
+        qo, so = quantize_weight_fp8_ref(torch.randn(k, k, device=device, dtype=torch.bfloat16) * 0.02)
+        o_launch = ops.fp8_path(x, qo)
+        attn = torch.randn(1, k, device=device, dtype=torch.bfloat16)
+        o = ops.fp8_gemv(attn, qo, so, config=o_launch.config)
+        normed, h = ops.rms_norm(o, g, 1e-5, r)
+        stream = r.clone()
+        block_n = (o_launch.config or fp8_launch_of(k, k, device)).block_n
+        sumsq = torch.empty(-(-k // block_n), device=device)
+        ops.fp8_gemv(attn, qo, so, config=o_launch.config, out=stream, residual_sumsq=ResidualSumsq(stream, sumsq))
+        got = ops.fp8_gemv(stream, qw, sw, config=launch.config, norm=GemvNorm(g, 1e-5, sumsq=sumsq))
+        want = ops.fp8_gemv(normed, qw, sw, config=launch.config)
+        report["sumsq_stream_same_bits"] = bool(torch.equal(stream, h))
+        report["sumsq_rel_error"] = round(rel(got, want), 6)
+        ok &= report["sumsq_stream_same_bits"] and report["sumsq_rel_error"] <= GEMM_TOL
     report["ok"] = bool(ok)
     return report
+
+
+def fp8_launch_of(n: int, k: int, device: str):
+    from pagoda.kernels.gemv import fp8_launch
+
+    return fp8_launch(1, n, k, None, torch.device(device))
 
 
 def quantize_in_place(model, dtype: torch.dtype) -> None:

@@ -7,7 +7,8 @@
 #                  (same bits both ways), FP8 and bf16, and the FP8 GEMV's 1-row launches swept with PDL on
 #     w2           W2 (bench latency, 8B shape) bf16 and FP8, each with PDL off then on (the off run is the peer)
 #     w2fp8        W2 FP8 only
-#     w2fold       W2 FP8 with --no-fold-gemv, then at the defaults (folds on) against it
+#     w2fold       W2 FP8 with --no-fold-gemv, then with --fold-gemv against it
+#     w2residual   W2 FP8 with --no-fold-residual, then with --fold-residual against it
 #     w2bf16       W2 bf16 once, at the defaults
 #     w2fp8once    W2 FP8 once, at the defaults
 #     attention    e2e/decode_attention_w2_bench.py: W2's decode attention (one sequence) over splits and tiles
@@ -56,15 +57,15 @@ w2() {  # [--quantization fp8]: off, then on against it
         --out "$RES" || return 1
     mark "$tag" on
 }
-w2fold() {  # W2 FP8: the folds off, then on against it (PDL on both times)
-    local tag=W2-pagoda-fp8 flag
-    for flag in no-fold-gemv fold-gemv; do
+w2ab() {  # KNOB: W2 FP8 with --no-KNOB, then --KNOB against it (PDL on both times); files end in -[no-]KNOB
+    local tag=W2-pagoda-fp8 flag f
+    for flag in "no-$1" "$1"; do
         # shellcheck disable=SC2086
         timeout 150 "$PY" -m pagoda.runtime.cli bench latency --backend pagoda --model w1 --warmup-iters 2 --iters 5 \
             --quantization fp8 --"$flag" ${ENGINE_ARGS:-} \
-            $([ $flag = fold-gemv ] && echo --peer-result "$(ls -t "$RES/$tag"-2*-no-fold-gemv.json | head -n 1)") \
+            $([ "$flag" = "$1" ] && echo --peer-result "$(ls -t "$RES/$tag"-2*-no-"$1".json | head -n 1)") \
             --out "$RES" || return 1
-        f=$(ls -t "$RES/$tag"-2*.json | grep -v fold-gemv | head -n 1)
+        f=$(ls -t "$RES/$tag"-2*.json | grep -v -- "-$1.json" | head -n 1)
         mv "$f" "${f%.json}-$flag.json"
     done
 }
@@ -82,7 +83,8 @@ for s in "${STAGES[@]}"; do
         chain) stage chain timeout 420 "$PY" e2e/decode_chain_gpu_bench.py ${CHAIN_ARGS:-} --out "$RES" ;;
         w2) stage w2-bf16 w2; stage w2-fp8 w2 --quantization fp8 ;;
         w2fp8) stage w2-fp8 w2 --quantization fp8 ;;
-        w2fold) stage w2-fold w2fold ;;
+        w2fold) stage w2-fold w2ab fold-gemv ;;
+        w2residual) stage w2-residual w2ab fold-residual ;;
         w2bf16) stage w2-bf16 timeout 150 "$PY" -m pagoda.runtime.cli bench latency --backend pagoda --model w1 \
             --warmup-iters 2 --iters 5 ${ENGINE_ARGS:-} --out "$RES" ;;
         w2fp8once) stage w2-fp8-once timeout 150 "$PY" -m pagoda.runtime.cli bench latency --backend pagoda --model w1 \

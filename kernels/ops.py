@@ -143,12 +143,12 @@ _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def configure(enable_gemv: bool = True, fused_rope_kv: bool = True, pdl: bool = False, fold_gemv: bool = True,
-              device: torch.device | None = None) -> None:
+              fold_residual: bool = False, device: torch.device | None = None) -> None:
     """Install the engine's kernel choices; the model runner calls it once, when it starts (each
     tensor-parallel worker too), before any kernel runs. pdl (kernels/pdl.py) takes effect only on
     a GPU that has it (an older GPU logs a warning; the CPU needs none)."""
-    global GEMV_ENABLED, FUSED_ROPE_KV, FOLD_GLU
-    GEMV_ENABLED, FUSED_ROPE_KV, FOLD_GLU = enable_gemv, fused_rope_kv, fold_gemv
+    global GEMV_ENABLED, FUSED_ROPE_KV, FOLD_GLU, FOLD_SUMSQ
+    GEMV_ENABLED, FUSED_ROPE_KV, FOLD_GLU, FOLD_SUMSQ = enable_gemv, fused_rope_kv, fold_gemv, fold_residual
     # pdl.py imports Triton: a CPU process never loads it for this
     launch = sys.modules.get("pagoda.kernels.pdl")
     wanted = pdl and device is not None and device.type == "cuda"
@@ -222,6 +222,11 @@ FUSED_NORM_QUANT = True
 # for benchmarks (e2e/PERF_NOTES.md, "Folds into the GEMV").
 FOLD_NORM = False
 FOLD_GLU = True
+# o_proj and down_proj add their one-row output to the residual stream in their GEMV's epilogue and
+# sum its squares there, and the next GEMV's folded norm takes rstd from those sums, so no norm
+# kernel runs (runtime/quantization/fp8_residual.py). The engine's --fold-residual, off until the
+# H200 measures it (e2e/decode_chain_gpu_bench.py's sumsq variants).
+FOLD_SUMSQ = False
 
 
 def fp8_path(x, weight, bias=None, act=None):

@@ -144,6 +144,11 @@ class EngineArgs:
     fold_gemv: bool = knob(True, "at one FP8 decode row, gate_up's GEMV computes silu(gate) * up in its "
                                  "epilogue, so down_proj reads a plain activation (one pass fewer over it)",
                            type=bool)
+    # Off until the H200 measures it (e2e/decode_chain_gpu_bench.py's sumsq variants).
+    fold_residual: bool = knob(False, "at one FP8 decode row, o_proj and down_proj add their output to the "
+                                      "residual stream in their GEMV and the next GEMV's RMSNorm takes rstd from "
+                                      "their sums of squares (no norm kernel; one rank)",
+                               type=bool)
     tp_start_timeout_s: float = knob(1800.0, "seconds tensor-parallel workers may take to load their shards",
                                      type=float, flag="--tp-start-timeout", metavar="SECONDS")
     # vLLM's --runner: pooling serves embeddings (/v1/embeddings, LLM.embed) instead of text.

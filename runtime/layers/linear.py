@@ -19,7 +19,7 @@ from torch import nn
 from pagoda.kernels import ops
 from pagoda.runtime.layers.parallel_state import current_tp, divide, get_tp_size, kv_heads_per_rank
 from pagoda.runtime.layers.weight_slice import materialize, narrow, shape_of
-from pagoda.runtime.quantization import fp8_linear
+from pagoda.runtime.quantization import fp8_linear, fp8_residual
 
 
 class LinearBase(nn.Module):
@@ -133,7 +133,8 @@ class RowParallelLinear(LinearBase):
         # The bias is added once, after the partial sums are reduced.
         bias = self.bias if self.tp_rank == 0 else None
         if self.fp8 is not None and fp8_linear.is_fp8(self.weight):
-            return self.tp.all_reduce(fp8_linear.apply(self, x, bias))
+            # at one row the norm after may compute it, into the residual stream (fp8_residual.py)
+            return fp8_residual.defer(self, x, bias) or self.tp.all_reduce(fp8_linear.apply(self, x, bias))
         return self.tp.all_reduce(ops.linear(x, self.weight, bias))
 
     def forward_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
@@ -141,5 +142,6 @@ class RowParallelLinear(LinearBase):
         kernel does both, and the activation never goes through memory."""
         bias = self.bias if self.tp_rank == 0 else None
         if self.fp8 is not None and fp8_linear.is_fp8(self.weight):
-            return self.tp.all_reduce(fp8_linear.apply(self, gate_up, bias, act="silu_mul"))
+            return (fp8_residual.defer(self, gate_up, bias, act="silu_mul")
+                    or self.tp.all_reduce(fp8_linear.apply(self, gate_up, bias, act="silu_mul")))
         return self.tp.all_reduce(ops.silu_and_mul_linear(gate_up, self.weight, bias))

@@ -13,7 +13,7 @@ from torch import nn
 
 from pagoda.kernels import ops
 from pagoda.runtime.layers.weight_slice import materialize
-from pagoda.runtime.quantization import fp8_linear
+from pagoda.runtime.quantization import fp8_linear, fp8_residual
 
 
 class RMSNorm(nn.Module):
@@ -24,6 +24,8 @@ class RMSNorm(nn.Module):
         self.quantize_for = None  # the FP8 layer this norm feeds, when linked (a plain attribute)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if isinstance(x, fp8_residual.PendingOutput):  # the GEMV before adds to the stream (FOLD_SUMSQ)
+            return fp8_residual.norm_after(x, self.weight, self.eps, residual, self.quantize_for)
         if self.quantize_for is not None:
             return fp8_linear.norm_for(self.quantize_for, self.weight, self.eps, x, residual)
         return ops.rms_norm(x, self.weight, self.eps, residual)

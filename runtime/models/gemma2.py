@@ -29,6 +29,7 @@ class Gemma2DecoderLayer(LlamaDecoderLayer):
     mlp_cls = GemmaMLP
     # post_attention_layernorm normalises the attention's output; the MLP's input norm is the next one
     fp8_norm_inputs = (("input_layernorm", "self_attn.qkv_proj"), ("pre_feedforward_layernorm", "mlp.gate_up_proj"))
+    fp8_residual_producers = ()  # each output is normalised on its own before the residual add
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, rotary_emb):
         super().__init__(cfg, layer_idx, rotary_emb)

@@ -101,6 +101,10 @@ class LlamaDecoderLayer(nn.Module):
     # Norms whose output feeds only that layer: with FP8 weights they quantize its input
     # themselves (quantization/apply.link_norms).
     fp8_norm_inputs = (("input_layernorm", "self_attn.qkv_proj"), ("post_attention_layernorm", "mlp.gate_up_proj"))
+    # Layers whose output goes straight into a norm with the residual (post_attention_layernorm, the
+    # next layer's input_layernorm or the final norm): with FP8 weights they may add it to the
+    # residual stream in their own kernel (quantization/fp8_residual.py).
+    fp8_residual_producers = ("self_attn.o_proj", "mlp.down_proj")
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, rotary_emb: RotaryEmbedding):
         super().__init__()

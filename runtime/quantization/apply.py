@@ -110,6 +110,12 @@ def link_norms(model: nn.Module) -> None:
     consumer is absent (an MoE block has no gate_up_proj) or not an FP8 layer that quantizes its
     input per token or statically (fp8_linear.fuses_input_norm) is left alone."""
     for module in model.modules():
+        for producer_path in getattr(module, "fp8_residual_producers", ()):
+            producer = module
+            for part in producer_path.split("."):
+                producer = getattr(producer, part, None)
+            if producer is not None and fp8_linear.fuses_input_norm(producer):
+                producer.sums_into_norm = True  # fp8_residual.defer: its output may go into the stream
         for norm_name, consumer_path in getattr(module, "fp8_norm_inputs", ()):
             norm, consumer = getattr(module, norm_name, None), module
             for part in consumer_path.split("."):

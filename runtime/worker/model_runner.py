@@ -102,6 +102,7 @@ class ModelRunner:
         fused_rope_kv: bool = True,
         enable_pdl: bool = True,
         fold_gemv: bool = True,
+        fold_residual: bool = False,
         pooling_type: str | None = None,
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",
@@ -110,7 +111,7 @@ class ModelRunner:
     ):
         # once, before any kernel
         ops.configure(enable_gemv=enable_gemv, fused_rope_kv=fused_rope_kv, pdl=enable_pdl, fold_gemv=fold_gemv,
-                      device=device)
+                      fold_residual=fold_residual, device=device)
         self.model_config = model_config
         self.device = device
         self.dtype = TORCH_DTYPES[model_config.dtype]

@@ -14,10 +14,10 @@ from pagoda.kernels import gemv as gemv_module
 from pagoda.kernels import norm as norm_module
 from pagoda.kernels.fp8_dispatch import Fp8Launch
 from pagoda.kernels.gemv import GemvConfig
-from pagoda.runtime.layers.linear import ColumnParallelLinear
+from pagoda.runtime.layers.linear import ColumnParallelLinear, RowParallelLinear
 from pagoda.runtime.layers.norm import RMSNorm
 from pagoda.runtime.models.llama import LlamaMLP
-from pagoda.runtime.quantization import fp8_linear
+from pagoda.runtime.quantization import fp8_linear, fp8_residual
 from pagoda.runtime.quantization.scheme import FP8Scheme
 
 HIDDEN, INTER, QKV = 64, 96, 80
@@ -37,6 +37,7 @@ def fp8_gpu(monkeypatch):
         (1, 2 * INTER, HIDDEN, "silu_mul_out"): Fp8Launch("gemv", LAUNCH),
         (1, HIDDEN, INTER, None): Fp8Launch("gemv", LAUNCH),
         (1, HIDDEN, INTER, "silu_mul"): Fp8Launch("gemv", LAUNCH),
+        (1, HIDDEN, HIDDEN, None): Fp8Launch("gemv", LAUNCH),
     })
     calls = []
     gemv = gemv_module.gemv
@@ -61,15 +62,16 @@ def norm_linked_to(layer):
     return norm
 
 
-def both_ways(monkeypatch, calls, run):
-    """run() with the folds on and off: (result on, calls on, result off, calls off)."""
-    monkeypatch.setattr(ops, "FOLD_NORM", True)
-    monkeypatch.setattr(ops, "FOLD_GLU", True)
+def both_ways(monkeypatch, calls, run, folds=("FOLD_NORM", "FOLD_GLU")):
+    """run() with the folds (ops switches) on and off: (result on, calls on, result off, calls off)."""
+    for fold in folds:
+        monkeypatch.setattr(ops, fold, True)
+    calls.clear()
     on = run()
     calls_on = list(calls)
     calls.clear()
-    monkeypatch.setattr(ops, "FOLD_NORM", False)
-    monkeypatch.setattr(ops, "FOLD_GLU", False)
+    for fold in folds:
+        monkeypatch.setattr(ops, fold, False)
     off = run()
     return on, calls_on, off, list(calls)
 
@@ -121,3 +123,52 @@ def test_two_rows_keep_the_norm_quantizing_for_the_scaled_matmul(fp8_gpu, monkey
     (got, got_residual), calls_on, (want, want_residual), calls_off = both_ways(monkeypatch, fp8_gpu, run)
     assert calls_on == calls_off == []
     assert torch.equal(got, want) and torch.equal(got_residual, want_residual)
+
+
+@pytest.mark.parametrize("glu", [True, False])
+def test_residual_adds_inside_the_producers_then_norms_from_their_sums(fp8_gpu, monkeypatch, glu):
+    """ops.FOLD_SUMSQ: o_proj and down_proj add their output to the residual stream in their own
+    GEMV and sum its squares there; post_attention_layernorm, the next layer's input_layernorm and
+    the final norm take rstd from those sums. No norm kernel runs; the stream is the same bits as
+    the norm kernels' residual adds, and the layers' outputs match the unfolded ones."""
+    torch.manual_seed(3)
+    monkeypatch.setattr(ops, "FOLD_GLU", glu)
+    o_proj = quantized(RowParallelLinear(HIDDEN, HIDDEN))
+    mlp = LlamaMLP(SimpleNamespace(hidden_size=HIDDEN, intermediate_size=INTER))
+    quantized(mlp.gate_up_proj), quantized(mlp.down_proj)
+    qkv = quantized(ColumnParallelLinear(HIDDEN, QKV))
+    for producer in (o_proj, mlp.down_proj):
+        producer.sums_into_norm = True
+    post_norm, next_norm, final_norm = norm_linked_to(mlp.gate_up_proj), norm_linked_to(qkv), norm_linked_to(None)
+    attn, start = torch.randn(1, HIDDEN).to(DTYPE), torch.randn(1, HIDDEN).to(DTYPE)
+
+    def run():
+        residual = start.clone()  # the stream is written in place
+        hidden, residual = post_norm(o_proj(attn), residual)
+        hidden, residual = next_norm(mlp(hidden), residual)
+        q = qkv(hidden)
+        final, residual = final_norm(o_proj(attn), residual)
+        return q, final, residual
+
+    monkeypatch.setattr(ops, "FOLD_SUMSQ", True)
+    assert isinstance(o_proj(attn), fp8_residual.PendingOutput)
+    (q, final, stream), calls_on, (q_off, final_off, stream_off), calls_off = both_ways(
+        monkeypatch, fp8_gpu, run, folds=("FOLD_SUMSQ",))
+    assert "rms_norm" not in calls_on[:-1] and calls_on[-1] == "rms_norm"  # only the final norm, unlinked
+    assert calls_off.count("rms_norm") == 3
+    assert sum(1 for c in calls_on if c != "rms_norm") == sum(1 for c in calls_off if c != "rms_norm")
+    assert torch.equal(stream, stream_off)
+    torch.testing.assert_close(q, q_off, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(final, final_off, rtol=2e-2, atol=2e-2)
+
+
+def test_producers_compute_at_once_off_the_fold_or_past_one_row(fp8_gpu, monkeypatch):
+    o_proj = quantized(RowParallelLinear(HIDDEN, HIDDEN))
+    o_proj.sums_into_norm = True
+    x = torch.randn(1, HIDDEN).to(DTYPE)
+    assert isinstance(o_proj(x), torch.Tensor)  # FOLD_SUMSQ is off by default
+    monkeypatch.setattr(ops, "FOLD_SUMSQ", True)
+    assert isinstance(o_proj(x), fp8_residual.PendingOutput)
+    assert isinstance(o_proj(torch.randn(2, HIDDEN).to(DTYPE)), torch.Tensor)
+    o_proj.sums_into_norm = False
+    assert isinstance(o_proj(x), torch.Tensor)

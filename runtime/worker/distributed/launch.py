@@ -46,6 +46,7 @@ class WorkerSpec:
     fused_rope_kv: bool = True
     enable_pdl: bool = True
     fold_gemv: bool = True
+    fold_residual: bool = False
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
     start_timeout_s: float = 1800.0  # a 70B load is slow
@@ -59,7 +60,8 @@ def runner_options(spec: WorkerSpec) -> dict:
     return dict(load_format=spec.load_format, seed=spec.seed, max_num_seqs=spec.max_num_seqs,
                 max_num_batched_tokens=spec.max_num_batched_tokens, enforce_eager=spec.enforce_eager,
                 enable_gemv=spec.enable_gemv, fused_rope_kv=spec.fused_rope_kv,
-                enable_pdl=spec.enable_pdl, fold_gemv=spec.fold_gemv, pooling_type=spec.pooling_type,
+                enable_pdl=spec.enable_pdl, fold_gemv=spec.fold_gemv,
+                fold_residual=spec.fold_residual, pooling_type=spec.pooling_type,
                 quantization=spec.quantization, kv_cache_dtype=spec.kv_cache_dtype)
 
 
