@@ -22,15 +22,8 @@ unlike atomics) and adds the bias.
 act="silu_mul" takes x as the MLP's merged [M, 2 * K] gate|up tensor and feeds silu(gate) * up,
 rounded as kernels/activation.py rounds it, so the down projection needs no kernel of its own.
 
-Two more fusions take a kernel boundary each out of a one-row decode layer (each costs a few
-microseconds there, whatever PDL overlaps):
-- norm=GemvNorm(...): x is the RMSNorm's input, not its output. Every program reads all of x
-  anyway, so each first sums the squares of x (+ residual) over the whole row for rstd, then feeds
-  RMSNorm(x + residual) * weight to the product chunk by chunk, rounded at each step as
-  kernels/norm.py rounds it; the first program also writes x + residual (the residual stream).
-- epilogue="silu_mul": W is the MLP's merged [2 * I, K] gate|up weight and the output is
-  silu(gate) * up [M, I]. A program owns the same BLOCK_N rows of both halves, so the activation is
-  computed where the two sums are, and down_proj reads a plain [M, I] input.
+The folds for one-row decode layers (an RMSNorm into the input, the residual add and its sums
+of squares, or silu(gate) * up into the output) are kernels/gemv_folds.py's.
 """
 
 from __future__ import annotations
@@ -43,6 +36,17 @@ import triton
 import triton.language as tl
 
 from pagoda.kernels import pdl
+from pagoda.kernels.gemv_folds import (  # noqa: F401  (GemvNorm, ResidualSumsq: part of gemv's interface)
+    GemvNorm,
+    ResidualSumsq,
+    load_x,
+    norm_args,
+    norm_input,
+    row_rstd,
+    row_scales,
+    store_glu,
+    store_residual_sumsq,
+)
 
 MAX_ROWS = 4  # each row of x keeps its own accumulators in registers
 # Bytes of W each thread loads per loop step (8 16-byte loads): with the registers that leaves,
@@ -64,30 +68,6 @@ class GemvConfig:
     # K neighbours one thread sums as they arrive (8 bf16 = its 16-byte load): no shuffles, and
     # accumulators fold times smaller, which buys occupancy. 1 keeps the whole product.
     fold: int = 8
-
-
-@dataclass(frozen=True, slots=True)
-class GemvNorm:
-    """The RMSNorm folded into the GEMV's input: x is normalised as RMSNorm(x + residual) * weight,
-    and x + residual is written to residual_out (a buffer other than residual and x: every program
-    reads those while the first one writes)."""
-    weight: torch.Tensor  # [K], x's dtype
-    eps: float
-    residual: torch.Tensor | None = None  # [M, K]; None: RMSNorm(x) * weight, nothing written
-    residual_out: torch.Tensor | None = None  # [M, K], needed with residual
-    # float32 [P]: x's squares summed in P parts by the GEMV that wrote x (gemv's residual_sumsq),
-    # so rstd needs no pass over x; one row, no residual.
-    sumsq: torch.Tensor | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ResidualSumsq:
-    """The GEMV's output added to the residual stream, x @ W^T + residual (out may be residual
-    itself: each program reads and writes its own columns), with each program's sum of the squares
-    of its columns in sumsq [programs], float32: what the next GEMV's folded RMSNorm needs for rstd
-    (GemvNorm.sumsq). One row, one K split."""
-    residual: torch.Tensor  # [1, N]
-    sumsq: torch.Tensor  # [cdiv(N, block_n)] float32
 
 
 # Where this GEMV beat cuBLAS on the H200 (e2e/results/gemv-e34d2a9/), keyed by (rows, N, K, act),
@@ -154,50 +134,18 @@ def gemv_config(m: int, n: int, k: int, num_sms: int = 132, weight_bytes: int = 
 
 
 @triton.jit
-def _load_x(ptrs, offs_k, K, EVEN_K: tl.constexpr):
-    # x is a few KB that every program reads: keep it in L2 while the weights stream past.
-    if EVEN_K:
-        return tl.load(ptrs, eviction_policy="evict_last")
-    return tl.load(ptrs, mask=offs_k < K, other=0.0, eviction_policy="evict_last")
-
-
-@triton.jit
-def _norm_input(x_ptr, r_ptr, m, stride_xm, stride_rm, offs_k, K, RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr):
-    """x (+ residual) of row m at offs_k, in x's dtype: the sum rounded as kernels/norm.py rounds it."""
-    v = _load_x(x_ptr + m * stride_xm + offs_k, offs_k, K, EVEN_K)
-    if RESIDUAL:
-        r = _load_x(r_ptr + m * stride_rm + offs_k, offs_k, K, EVEN_K)
-        v = (v.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
-    return v
-
-
-@triton.jit
-def _row_rstd(x_ptr, r_ptr, h_ptr, m, stride_xm, stride_rm, stride_hm, chunk, K, eps, write,
-              RESIDUAL: tl.constexpr, BLOCK_K: tl.constexpr):
-    """1 / rms of row m of x (+ residual) over all of K, the folded norm's first pass; where
-    `write`, the row's x + residual is stored to h_ptr on the way."""
-    squares = tl.zeros(chunk.shape, tl.float32)
-    for k in range(0, K, BLOCK_K):
-        h = _norm_input(x_ptr, r_ptr, m, stride_xm, stride_rm, k + chunk, K, RESIDUAL, False)
-        if RESIDUAL:
-            tl.store(h_ptr + m * stride_hm + k + chunk, h, mask=((k + chunk) < K) & write)
-        squares += h.to(tl.float32) * h.to(tl.float32)
-    return tl.rsqrt(tl.sum(tl.sum(squares, axis=1), axis=0) / K + eps)
-
-
-@triton.jit
 def _input_chunk(x_ptr, m, stride_xm, offs_k, K, r_ptr, stride_rm, g_ptr, rstd,
                  SILU_MUL: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr):
     """Row m of the product's input at offs_k ([BLOCK_K // FOLD, FOLD]), in fp32, as [1, ., FOLD]."""
     if NORM:  # RMSNorm(x + residual) * g, rounded where kernels/norm.py rounds
-        h = _norm_input(x_ptr, r_ptr, m, stride_xm, stride_rm, offs_k, K, RESIDUAL, EVEN_K)
-        g = _load_x(g_ptr + offs_k, offs_k, K, EVEN_K)
+        h = norm_input(x_ptr, r_ptr, m, stride_xm, stride_rm, offs_k, K, RESIDUAL, EVEN_K)
+        g = load_x(g_ptr + offs_k, offs_k, K, EVEN_K)
         h = (h.to(tl.float32) * rstd).to(x_ptr.dtype.element_ty)
         v = (g.to(tl.float32) * h.to(tl.float32)).to(x_ptr.dtype.element_ty)
     else:
-        v = _load_x(x_ptr + m * stride_xm + offs_k, offs_k, K, EVEN_K)
+        v = load_x(x_ptr + m * stride_xm + offs_k, offs_k, K, EVEN_K)
     if SILU_MUL:
-        up = _load_x(x_ptr + m * stride_xm + offs_k + K, offs_k, K, EVEN_K)
+        up = load_x(x_ptr + m * stride_xm + offs_k + K, offs_k, K, EVEN_K)
         gate = v.to(tl.float32)
         silu = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty)
         v = (silu.to(tl.float32) * up.to(tl.float32)).to(x_ptr.dtype.element_ty)
@@ -253,44 +201,6 @@ def _accumulate(acc0, acc1, acc2, acc3, w, w_up, x_ptr, stride_xm, offs_k, K, r_
 
 
 @triton.jit
-def _store_residual_sumsq(out_ptr, acc, rows, scale, bias, r_ptr, sq_ptr, pid_n, N,
-                          HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """Row 0 of y + residual, y rounded to the output dtype first and the sum rounded again, as
-    the norm kernel's residual add rounds them; and the program's sum of squares of the sum."""
-    y = tl.sum(acc, axis=1)
-    if HAS_SCALE:
-        y *= scale
-    if HAS_BIAS:
-        y += bias
-    dtype = out_ptr.dtype.element_ty
-    r = tl.load(r_ptr + rows, mask=rows < N, other=0.0)
-    h = (y.to(dtype).to(tl.float32) + r.to(tl.float32)).to(dtype)
-    tl.store(out_ptr + rows, h, mask=rows < N)
-    hf = tl.where(rows < N, h.to(tl.float32), 0.0)
-    tl.store(sq_ptr + pid_n, tl.sum(hf * hf, axis=0))
-
-
-@triton.jit
-def _store_glu(out_ptr, gate_acc, up_acc, rows, scale_ptr, bias_ptr, N,
-               HAS_SCALE: tl.constexpr, SCALE_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """silu(gate) * up for the program's rows of one row of x, each of gate and up rounded to the
-    output dtype first, as a separate silu_and_mul kernel would find them (kernels/activation.py)."""
-    gate = tl.sum(gate_acc, axis=1)
-    up = tl.sum(up_acc, axis=1)
-    if HAS_SCALE:
-        gate *= _weight_scale(scale_ptr, rows, N, SCALE_PER_ROW)
-        up *= _weight_scale(scale_ptr + N, rows, N, SCALE_PER_ROW)
-    if HAS_BIAS:
-        gate += tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
-        up += tl.load(bias_ptr + N + rows, mask=rows < N, other=0.0).to(tl.float32)
-    dtype = out_ptr.dtype.element_ty
-    gate = gate.to(dtype).to(tl.float32)
-    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype)
-    act = silu.to(tl.float32) * up.to(dtype).to(tl.float32)
-    tl.store(out_ptr + rows, act.to(dtype), mask=rows < N)
-
-
-@triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, r_ptr, g_ptr, h_ptr, sq_ptr,
     N, K, k_per_split, stride_xm, stride_wn, stride_om, stride_rm, stride_hm, eps, num_sumsq,
@@ -335,13 +245,13 @@ def _gemv_kernel(
         rstd0 = tl.rsqrt(tl.sum(squares, axis=0) / K + eps)
     elif NORM:  # the folded RMSNorm's first pass, over the whole row; program 0 writes x + residual
         write = (pid_n == 0) & (pid_k == 0)
-        rstd0 = _row_rstd(x_ptr, r_ptr, h_ptr, 0, stride_xm, stride_rm, stride_hm, chunk, K, eps, write, RESIDUAL, BLOCK_K)
+        rstd0 = row_rstd(x_ptr, r_ptr, h_ptr, 0, stride_xm, stride_rm, stride_hm, chunk, K, eps, write, RESIDUAL, BLOCK_K)
         if M > 1:
-            rstd1 = _row_rstd(x_ptr, r_ptr, h_ptr, 1, stride_xm, stride_rm, stride_hm, chunk, K, eps, write, RESIDUAL, BLOCK_K)
+            rstd1 = row_rstd(x_ptr, r_ptr, h_ptr, 1, stride_xm, stride_rm, stride_hm, chunk, K, eps, write, RESIDUAL, BLOCK_K)
         if M > 2:
-            rstd2 = _row_rstd(x_ptr, r_ptr, h_ptr, 2, stride_xm, stride_rm, stride_hm, chunk, K, eps, write, RESIDUAL, BLOCK_K)
+            rstd2 = row_rstd(x_ptr, r_ptr, h_ptr, 2, stride_xm, stride_rm, stride_hm, chunk, K, eps, write, RESIDUAL, BLOCK_K)
         if M > 3:
-            rstd3 = _row_rstd(x_ptr, r_ptr, h_ptr, 3, stride_xm, stride_rm, stride_hm, chunk, K, eps, write, RESIDUAL, BLOCK_K)
+            rstd3 = row_rstd(x_ptr, r_ptr, h_ptr, 3, stride_xm, stride_rm, stride_hm, chunk, K, eps, write, RESIDUAL, BLOCK_K)
     acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w, w_up, x_ptr, stride_xm, k_begin + chunk, K,
                                          r_ptr, stride_rm, g_ptr, rstd0, rstd1, rstd2, rstd3,
                                          M, SILU_MUL, NORM, RESIDUAL, GLU_OUT, EVEN_K)
@@ -356,21 +266,21 @@ def _gemv_kernel(
                                              M, SILU_MUL, NORM, RESIDUAL, GLU_OUT, EVEN_K)
 
     if GLU_OUT:  # one row, one split (gemv checks)
-        _store_glu(out_ptr, acc0, acc1, rows, scale_ptr, bias_ptr, N, HAS_SCALE, SCALE_PER_ROW, HAS_BIAS)
+        store_glu(out_ptr, acc0, acc1, rows, scale_ptr, bias_ptr, N, HAS_SCALE, SCALE_PER_ROW, HAS_BIAS)
     elif SUMSQ_OUT:  # one row, one split (gemv checks)
         scale = 1.0
         bias = 0.0
         if HAS_SCALE:
-            scale = _weight_scale(scale_ptr, rows, N, SCALE_PER_ROW)
+            scale = row_scales(scale_ptr, rows, N, SCALE_PER_ROW)
         if HAS_BIAS:
             bias = tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
-        _store_residual_sumsq(out_ptr, acc0, rows, scale, bias, r_ptr, sq_ptr, pid_n, N, HAS_SCALE, HAS_BIAS)
+        store_residual_sumsq(out_ptr, acc0, rows, scale, bias, r_ptr, sq_ptr, pid_n, N, HAS_SCALE, HAS_BIAS)
     else:
         scale = 1.0
         bias = 0.0
         if not PARTIAL:
             if HAS_SCALE:
-                scale = _weight_scale(scale_ptr, rows, N, SCALE_PER_ROW)
+                scale = row_scales(scale_ptr, rows, N, SCALE_PER_ROW)
             if HAS_BIAS:
                 bias = tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
         _store_row(out_ptr, acc0, 0, pid_k, rows, scale, bias, N, stride_om, M, HAS_SCALE, HAS_BIAS, PARTIAL)
@@ -380,15 +290,6 @@ def _gemv_kernel(
             _store_row(out_ptr, acc2, 2, pid_k, rows, scale, bias, N, stride_om, M, HAS_SCALE, HAS_BIAS, PARTIAL)
         if M > 3:
             _store_row(out_ptr, acc3, 3, pid_k, rows, scale, bias, N, stride_om, M, HAS_SCALE, HAS_BIAS, PARTIAL)
-
-
-@triton.jit
-def _weight_scale(scale_ptr, rows, N, PER_ROW: tl.constexpr):
-    """The FP8 weight's float32 scale of each output row: its own, or the tensor's one."""
-    if PER_ROW:
-        return tl.load(scale_ptr + rows, mask=rows < N, other=1.0)
-    else:
-        return tl.load(scale_ptr)
 
 
 @triton.jit
@@ -406,7 +307,7 @@ def _split_k_reduce_kernel(
     for s in tl.static_range(SPLITS):  # a fixed order: the same bits every run
         acc += tl.load(partial_ptr + (s * M + m) * N + cols, mask=mask, other=0.0)
     if HAS_SCALE:  # once, on the sum, as without the split
-        acc *= _weight_scale(scale_ptr, cols, N, SCALE_PER_ROW)
+        acc *= row_scales(scale_ptr, cols, N, SCALE_PER_ROW)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + m * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
@@ -506,7 +407,7 @@ def gemv(
     k_per_split, splits = split_k_plan(k, cfg.split_k, cfg.block_k)
     assert not glu or (m == 1 and splits == 1 and out2.stride(0) == n_out), (
         "the silu_mul epilogue takes one row of x, one K split and a contiguous out")
-    r2, h2, g = _norm_args(norm, x2, silu_mul)
+    r2, h2, g = norm_args(norm, x2, silu_mul)
     sq, num_sumsq = x2, 1  # never read
     sumsq_in = norm is not None and norm.sumsq is not None
     if sumsq_in:
@@ -540,20 +441,3 @@ def gemv(
     return out
 
 
-def _norm_args(norm: GemvNorm | None, x2: torch.Tensor, silu_mul: bool):
-    """(residual as [M, K], residual_out as [M, K], norm weight) for the kernel; x2 itself where a
-    part is absent (never read)."""
-    if norm is None:
-        return x2, x2, x2
-    assert not silu_mul, "a folded norm feeds a plain input, not gate|up"
-    k = x2.shape[1]
-    assert norm.weight.shape == (k,) and norm.weight.dtype == x2.dtype and norm.weight.is_contiguous(), (
-        f"the norm weight must be [{k}] in x's dtype {x2.dtype}")
-    if norm.residual is None:
-        return x2, x2, norm.weight
-    assert norm.residual_out is not None, "a residual needs residual_out for x + residual"
-    r2, h2 = norm.residual.reshape(x2.shape), norm.residual_out.view(x2.shape)
-    assert r2.stride(-1) == 1 and h2.stride(-1) == 1, "residual rows must be contiguous"
-    assert h2.data_ptr() not in (x2.data_ptr(), r2.data_ptr()), (
-        "residual_out must not alias x or residual: every program reads them while one writes")
-    return r2, h2, norm.weight

@@ -28,12 +28,12 @@ import triton.language as tl
 from pagoda.kernels.gemv import (
     FP8_DTYPES,
     _num_sms,
-    _weight_scale,
     empty_result,
     reduce_splits,
     rows_and_out,
     split_k_plan,
 )
+from pagoda.kernels.gemv_folds import row_scales
 
 MAX_ROWS = 8
 VEC = 8  # K values per thread and load: 8 bytes of e4m3, 16 of bf16 x (the layouts then agree)
@@ -113,7 +113,7 @@ def _fp8_gemv_kernel(
     if PARTIAL:  # fp32 partials [splits, M, N]; gemv.py's reduce kernel scales and adds the bias
         tl.store(out_ptr + (pid_k * M + m[:, None]) * N + rows[None, :], y, mask=keep)
     else:
-        y *= _weight_scale(scale_ptr, rows, N, SCALE_PER_ROW)[None, :]
+        y *= row_scales(scale_ptr, rows, N, SCALE_PER_ROW)[None, :]
         if HAS_BIAS:
             y += tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)[None, :]
         tl.store(out_ptr + m[:, None] * stride_om + rows[None, :], y.to(out_ptr.dtype.element_ty), mask=keep)
