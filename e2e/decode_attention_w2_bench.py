@@ -44,22 +44,15 @@ def launches(smoke: bool) -> list[dict]:
 
 
 def time_graph(torch, fn, replays: int) -> float:
+    """Microseconds a layer: fn (every layer's call) captured as one graph, its median replay."""
+    from decode_chain_gpu_bench import median_replay_ms  # this folder: the chain bench's timing
+
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    for _ in range(5):
-        graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2] * 1000 / LAYERS  # us per layer
+    return median_replay_ms(torch, graph, replays, warmup=5) * 1000 / LAYERS
 
 
 def main(argv=None) -> int:

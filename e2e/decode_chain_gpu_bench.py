@@ -203,21 +203,27 @@ def run_chain(torch, chain: Chain, pdl_on: bool, replays: int, smoke: bool) -> t
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = chain.forward()
-        for _ in range(10):
-            graph.replay()
-        times = []
-        for _ in range(replays):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
+        ms = median_replay_ms(torch, graph, replays)
         result = out.clone()
         del graph
-        return sorted(times)[len(times) // 2], result
+        return ms, result
     finally:
         pdl.ENABLED = False
+
+
+def median_replay_ms(torch, graph, replays: int, warmup: int = 10) -> float:
+    """The median of `replays` timed replays of a captured CUDA graph, after `warmup` untimed ones."""
+    for _ in range(warmup):
+        graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
 
 
 def candidates(name: str, smoke: bool, first=None):

@@ -111,14 +111,17 @@ def link_norms(model: nn.Module) -> None:
     input per token or statically (fp8_linear.fuses_input_norm) is left alone."""
     for module in model.modules():
         for producer_path in getattr(module, "fp8_residual_producers", ()):
-            producer = module
-            for part in producer_path.split("."):
-                producer = getattr(producer, part, None)
+            producer = _submodule(module, producer_path)
             if producer is not None and fp8_linear.fuses_input_norm(producer):
                 producer.sums_into_norm = True  # fp8_residual.defer: its output may go into the stream
         for norm_name, consumer_path in getattr(module, "fp8_norm_inputs", ()):
-            norm, consumer = getattr(module, norm_name, None), module
-            for part in consumer_path.split("."):
-                consumer = getattr(consumer, part, None)
+            norm, consumer = getattr(module, norm_name, None), _submodule(module, consumer_path)
             if norm is not None and consumer is not None and fp8_linear.fuses_input_norm(consumer):
                 norm.link_fp8_consumer(consumer)
+
+
+def _submodule(module: nn.Module, path: str) -> nn.Module | None:
+    """module's submodule at a dotted path ("mlp.gate_up_proj"), or None where a part is absent."""
+    for part in path.split("."):
+        module = getattr(module, part, None)
+    return module

@@ -148,7 +148,7 @@ def glu(layer: nn.Module, x, bias: torch.Tensor | None) -> torch.Tensor | None:
     if not ops.FOLD_GLU or isinstance(x, QuantizedInput):
         return None
     src = x.x if isinstance(x, NormedInput) else x
-    if not ops.fp8_path(src, layer.weight, bias).path == "gemv":  # the GEMV's device, dtype, strides
+    if ops.fp8_path(src, layer.weight, bias).path != "gemv":  # the GEMV's device, dtype, strides
         return None
     from pagoda.kernels.fp8_dispatch import fused_glu
 

@@ -54,13 +54,12 @@ def norm_after(pending: PendingOutput, norm_weight: torch.Tensor, eps: float, re
         if consumer is not None:
             return fp8_linear.norm_for(consumer, norm_weight, eps, out, residual)
         return ops.rms_norm(out, norm_weight, eps, residual)
-    from pagoda.kernels.gemv import GemvNorm, ResidualSumsq, fp8_launch, gemv_config
+    from pagoda.kernels.gemv import GemvNorm, ResidualSumsq, fp8_launch
 
     layer, x = pending.layer, pending.x
     n, k = layer.weight.shape
     config = pending.launch.config or fp8_launch(1, n, k, pending.act, x.device)
-    sumsq = torch.empty(-(-n // (config or gemv_config(1, n, k, weight_bytes=1)).block_n),
-                        dtype=torch.float32, device=x.device)
+    sumsq = torch.empty(-(-n // config.block_n), dtype=torch.float32, device=x.device)
     stream = residual.view(1, n)
     ops.fp8_gemv(x, layer.weight, layer.weight_scale, pending.bias, act=pending.act, config=config, out=stream,
                  residual_sumsq=ResidualSumsq(stream, sumsq))

@@ -62,6 +62,13 @@ def norm_linked_to(layer):
     return norm
 
 
+def mlp_after_its_norm():
+    """An FP8 LlamaMLP and the post-attention norm linked to its gate_up_proj."""
+    mlp = LlamaMLP(SimpleNamespace(hidden_size=HIDDEN, intermediate_size=INTER))
+    quantized(mlp.gate_up_proj), quantized(mlp.down_proj)
+    return mlp, norm_linked_to(mlp.gate_up_proj)
+
+
 def both_ways(monkeypatch, calls, run, folds=("FOLD_NORM", "FOLD_GLU")):
     """run() with the folds (ops switches) on and off: (result on, calls on, result off, calls off)."""
     for fold in folds:
@@ -78,9 +85,7 @@ def both_ways(monkeypatch, calls, run, folds=("FOLD_NORM", "FOLD_GLU")):
 
 def test_mlp_after_its_norm_is_two_kernels_at_one_row(fp8_gpu, monkeypatch):
     torch.manual_seed(0)
-    mlp = LlamaMLP(SimpleNamespace(hidden_size=HIDDEN, intermediate_size=INTER))
-    quantized(mlp.gate_up_proj), quantized(mlp.down_proj)
-    norm = norm_linked_to(mlp.gate_up_proj)
+    mlp, norm = mlp_after_its_norm()
     x, residual = torch.randn(1, HIDDEN).to(DTYPE), torch.randn(1, HIDDEN).to(DTYPE)
 
     def run():
@@ -110,9 +115,7 @@ def test_two_rows_keep_the_norm_quantizing_for_the_scaled_matmul(fp8_gpu, monkey
     """Past the table's one-row entries the layer quantizes its input, so the norm's kernel does
     that (QuantizedInput) and nothing is folded into a GEMV: the same calls both ways."""
     torch.manual_seed(2)
-    mlp = LlamaMLP(SimpleNamespace(hidden_size=HIDDEN, intermediate_size=INTER))
-    quantized(mlp.gate_up_proj), quantized(mlp.down_proj)
-    norm = norm_linked_to(mlp.gate_up_proj)
+    mlp, norm = mlp_after_its_norm()
     x, residual = torch.randn(2, HIDDEN).to(DTYPE), torch.randn(2, HIDDEN).to(DTYPE)
 
     def run():
@@ -134,12 +137,11 @@ def test_residual_adds_inside_the_producers_then_norms_from_their_sums(fp8_gpu, 
     torch.manual_seed(3)
     monkeypatch.setattr(ops, "FOLD_GLU", glu)
     o_proj = quantized(RowParallelLinear(HIDDEN, HIDDEN))
-    mlp = LlamaMLP(SimpleNamespace(hidden_size=HIDDEN, intermediate_size=INTER))
-    quantized(mlp.gate_up_proj), quantized(mlp.down_proj)
+    mlp, post_norm = mlp_after_its_norm()
     qkv = quantized(ColumnParallelLinear(HIDDEN, QKV))
     for producer in (o_proj, mlp.down_proj):
         producer.sums_into_norm = True
-    post_norm, next_norm, final_norm = norm_linked_to(mlp.gate_up_proj), norm_linked_to(qkv), norm_linked_to(None)
+    next_norm, final_norm = norm_linked_to(qkv), norm_linked_to(None)
     attn, start = torch.randn(1, HIDDEN).to(DTYPE), torch.randn(1, HIDDEN).to(DTYPE)
 
     def run():
