@@ -61,6 +61,8 @@ COUNTER_CAPACITY = 4096
 # a merge launch of num_heads programs: one sequence, 8 KV heads, group 4, bf16 on the H200, per
 # layer in a graph, two launches -> fused, without / with PDL: 2 slices 9.08 -> 8.71 / 8.51 -> 8.15 us,
 # 8: 9.53 -> 9.30 / 9.51 -> 9.21, 16 (8k): 16.79 -> 16.46 / 20.70 -> 20.44, 32: 12.36 -> 12.59 / 13.90 -> 14.71.
+# (A scratch run on 2026-12-04 whose script was not kept: no result in e2e/results/ yet; the limit
+# errs toward the two launches, which were the only path before.)
 FUSED_MAX_SPLITS = 16
 # device -> int32 [COUNTER_CAPACITY], all zeros between launches. Shared by every launch on the
 # device, so two decode launches must not run at once on two streams (the engine runs one).
