@@ -18,11 +18,12 @@ The 32 layers are captured as one CUDA graph and replayed; the figure is the med
 - variants: the GEMV folds (FP8: "norm", the RMSNorm in the qkv and gate_up GEMVs with a pass over
   the row for rstd; "sumsq", the same from sums of squares that o_proj and down write as they add
   to the residual stream; "glu", silu(gate) * up in gate_up's epilogue and a plain down GEMV, the
-  engine's --fold-gemv) and the decode attention's
+  engine's --fold-gemv; "prefetchN", o_proj's weight and the first N MB of gate_up's read into L2
+  on a side stream while rotary and attention run, the engine's --l2-prefetch) and the decode attention's
   merge in its own kernel (kernels/paged_attention_decode.FUSED_MERGE), each on and off, PDL off and
   on; the folds change the rounding of rstd only, so their output is compared, not bit for bit.
-- sweep (FP8, PDL on, every fold on): each projection's GEMV launch over a grid of tiles, the other
-  three at their best so far; then the chain at the winners, both ways.
+- sweep (FP8, PDL on, the engine's default folds: glu): each projection's GEMV launch over a grid
+  of tiles, the other three at their best so far; then the chain at the winners, both ways.
 - profile (--profile): the kernels of one eager token at the defaults, PDL off, microseconds each.
 One JSON (decode-chain-pagoda-DATE.json) goes to --out (default $OUT, else e2e/results/).
 """
@@ -56,6 +57,10 @@ def parse_args(argv=None):
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or HERE / "results"))
     p.add_argument("--dtype", choices=("fp8", "bf16", "both"), default="both")
     p.add_argument("--no-sweep", action="store_true")
+    p.add_argument("--variants", default=None,
+                   help="comma-separated fold sets to run, '+' between folds (none,glu,glu+prefetch16); "
+                        "default: every one")
+    p.add_argument("--merge", choices=("kernel", "fused", "both"), default="both")
     p.add_argument("--replays", type=int, default=200)
     p.add_argument("--budget-s", type=float, default=45.0, help="seconds of sweep per projection")
     p.add_argument("--profile", action="store_true", help="per-kernel times of one token (torch.profiler)")
@@ -87,7 +92,9 @@ class Chain:
                               for _ in range(2)]
             self.layers.append(layer)
         self.configs = {}  # projection -> GemvConfig overriding the runtime's launch (FP8 only)
-        self.folds = frozenset()  # FP8: "norm" (the norms into the next GEMV), "glu" (silu(gate) * up)
+        self.folds = frozenset()  # FP8: "norm" (the norms into the next GEMV), "glu" (silu(gate) * up),
+        # "sumsq", "prefetchN" (see the docstring)
+        self.prefetcher = None
         self.x = torch.randn(1, d["hidden"], device=device).to(bf16)
         self.positions = torch.tensor([d["context"] - 1], device=device)
         half = d["head_dim"] // 2
@@ -162,6 +169,7 @@ class Chain:
                 h, norm, residual = self.normed(x, layer["norms"][0], residual)
                 residual = residual.clone() if summed else residual  # the stream is written in place
             qkv = self.linear(layer, "qkv_proj", h, norm)
+            reading = self.prefetch_ahead(layer)
             q_end, k_end = d["heads"] * d["head_dim"], (d["heads"] + d["kv_heads"]) * d["head_dim"]
             q = qkv[:, :q_end].view(1, d["heads"], d["head_dim"])
             k = qkv[:, q_end:k_end].view(1, d["kv_heads"], d["head_dim"])
@@ -172,9 +180,11 @@ class Chain:
                                           d["head_dim"] ** -0.5, max_seq_len=d["context"])
             if summed:
                 h, sumsq = self.linear(layer, "o_proj", attn.view(1, -1), add_to=residual)
+                self.prefetcher.join() if reading else None  # as LlamaAttention.forward joins
                 norm = GemvNorm(layer["norms"][1], 1e-5, sumsq=sumsq)
             else:
                 o = self.linear(layer, "o_proj", attn.view(1, -1))
+                self.prefetcher.join() if reading else None
                 h, norm, residual = self.normed(o, layer["norms"][1], residual)
             up, down = ("gate_up_glu", "down_plain") if "glu" in self.folds else ("gate_up_proj", "down_proj")
             act = self.linear(layer, up, h, norm)
@@ -183,6 +193,23 @@ class Chain:
             else:
                 x = self.linear(layer, down, act)
         return residual if summed else x + residual
+
+
+    def prefetch_ahead(self, layer) -> bool:
+        """With a "prefetchN" fold (FP8, CUDA): start reading o_proj's weight and N MB of gate_up's
+        head into L2 on the side stream, as runtime/quantization/fp8_prefetch.py does."""
+        mb = [int(f[len("prefetch"):]) for f in self.folds if f.startswith("prefetch")]
+        if not (mb and self.fp8 and self.x.is_cuda):
+            return False
+        from pagoda.kernels.l2_prefetch import Prefetcher
+
+        self.prefetcher = self.prefetcher or Prefetcher()
+        gate_up = layer["gate_up_proj"][0]
+        half = gate_up.shape[0] // 2
+        rows = min(half, (mb[0] << 20) // (2 * gate_up.shape[1]))
+        parts = [layer["o_proj"][0]] + ([gate_up[:rows], gate_up[half:half + rows]] if rows else [])
+        self.prefetcher.ahead(parts)
+        return True
 
 
 def run_chain(torch, chain: Chain, pdl_on: bool, replays: int, smoke: bool) -> tuple[float | None, object]:
@@ -262,8 +289,11 @@ def run_variants(torch, chain: Chain, args) -> dict:
     merge = merge_switch()
     res, base = {}, None
     fold_sets = ((), ("norm",), ("glu",), ("norm", "glu"), ("sumsq",), ("sumsq", "glu")) if chain.fp8 else ((),)
+    if args.variants and chain.fp8:
+        fold_sets = tuple(() if v == "none" else tuple(v.split("+")) for v in args.variants.split(","))
+    merges = {"kernel": (False,), "fused": (True,), "both": (False, True)}[args.merge]
     for folds in fold_sets:
-        for fused_merge in ((False, True) if merge else (False,)):
+        for fused_merge in (merges if merge else (False,)):
             chain.folds = frozenset(folds)
             if merge:
                 merge.FUSED_MERGE = fused_merge
@@ -278,7 +308,7 @@ def run_variants(torch, chain: Chain, args) -> dict:
             entry["max_abs_diff_from_unfused"] = float((outs[0].float() - base.float()).abs().max())
             res[name] = entry
             print(f"  {name}: {entry}", flush=True)
-    chain.folds = frozenset(("norm", "glu") if chain.fp8 else ())
+    chain.folds = frozenset(("glu",) if chain.fp8 else ())  # the engine's defaults, for the sweep
     if merge:
         merge.FUSED_MERGE = True
     return res

@@ -59,10 +59,13 @@ FP8_SMALL_M: dict[tuple[int, int, int, str | None], Fp8Launch] = {
     (1, 28672, 4096, None): Fp8Launch("gemv", GemvConfig(block_n=16, block_k=256, split_k=1, num_warps=4, num_stages=1, fold=1)),
     (1, 4096, 14336, "silu_mul"): Fp8Launch("gemv", GemvConfig(block_n=8, block_k=1024, split_k=1, num_warps=4, num_stages=1, fold=1)),
     # gate_up with silu(gate) * up in its epilogue (act "silu_mul_out": kernels/gemv.py; the MLP
-    # takes it only where this table has an entry), and down_proj then fed the plain activation: the
-    # best of e2e/decode_chain_gpu_bench.py's sweep in the chain with PDL (e2e/results/folds-069fb7d/).
-    (1, 28672, 4096, "silu_mul_out"): Fp8Launch("gemv", GemvConfig(block_n=8, block_k=512, split_k=1, num_warps=8, num_stages=1, fold=1)),
-    (1, 4096, 14336, None): Fp8Launch("gemv", GemvConfig(block_n=2, block_k=2048, split_k=1, num_warps=8, num_stages=1, fold=16)),
+    # takes it only where this table has an entry), and down_proj then fed the plain activation.
+    # The first launches (8 rows of each half a program; the silu down entry's launch): 2.463 ms for
+    # the chain with PDL against 2.519 without the epilogue (e2e/results/folds-aa7ff0a/). The sweep
+    # of 069fb7d, run with the RMSNorm folded too, chose 8 x 512 / 8 warps and 2 x 2048 / fold 16;
+    # without the norm fold those made the chain 2.656 ms (e2e/results/folds-b682c20/), so not these.
+    (1, 28672, 4096, "silu_mul_out"): Fp8Launch("gemv", GemvConfig(block_n=8, block_k=256, split_k=1, num_warps=4, num_stages=1, fold=1)),
+    (1, 4096, 14336, None): Fp8Launch("gemv", GemvConfig(block_n=8, block_k=1024, split_k=1, num_warps=4, num_stages=1, fold=1)),
     (2, 6144, 4096, None): Fp8Launch("scaled_gemv", ScaledGemvConfig(block_n=128, block_k=128, split_k=4, num_warps=4, num_stages=4)),
     (2, 4096, 4096, None): Fp8Launch("scaled_gemv", ScaledGemvConfig(block_n=64, block_k=256, split_k=4, num_warps=4, num_stages=4)),
     (2, 28672, 4096, None): Fp8Launch("scaled_gemv", ScaledGemvConfig(block_n=128, block_k=256, split_k=1, num_warps=4, num_stages=3)),

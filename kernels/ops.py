@@ -143,12 +143,13 @@ _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def configure(enable_gemv: bool = True, fused_rope_kv: bool = True, pdl: bool = False, fold_gemv: bool = True,
-              fold_residual: bool = False, device: torch.device | None = None) -> None:
+              fold_residual: bool = False, l2_prefetch: bool = False, device: torch.device | None = None) -> None:
     """Install the engine's kernel choices; the model runner calls it once, when it starts (each
     tensor-parallel worker too), before any kernel runs. pdl (kernels/pdl.py) takes effect only on
     a GPU that has it (an older GPU logs a warning; the CPU needs none)."""
-    global GEMV_ENABLED, FUSED_ROPE_KV, FOLD_GLU, FOLD_SUMSQ
+    global GEMV_ENABLED, FUSED_ROPE_KV, FOLD_GLU, FOLD_SUMSQ, L2_PREFETCH
     GEMV_ENABLED, FUSED_ROPE_KV, FOLD_GLU, FOLD_SUMSQ = enable_gemv, fused_rope_kv, fold_gemv, fold_residual
+    L2_PREFETCH = l2_prefetch
     # pdl.py imports Triton: a CPU process never loads it for this
     launch = sys.modules.get("pagoda.kernels.pdl")
     wanted = pdl and device is not None and device.type == "cuda"
@@ -227,6 +228,12 @@ FOLD_GLU = True
 # kernel runs (runtime/quantization/fp8_residual.py). The engine's --fold-residual, off until the
 # H200 measures it (e2e/decode_chain_gpu_bench.py's sumsq variants).
 FOLD_SUMSQ = False
+# At one FP8 decode row a side stream reads o_proj's weight, and the first L2_PREFETCH_MLP_BYTES of
+# gate_up's (the rows its first programs read, half from each half), into L2 while rotary and the
+# decode attention run (kernels/l2_prefetch.py, runtime/quantization/fp8_prefetch.py). The engine's
+# --l2-prefetch, installed by configure().
+L2_PREFETCH = False
+L2_PREFETCH_MLP_BYTES = 16 << 20
 
 
 def fp8_path(x, weight, bias=None, act=None):
