@@ -1,81 +1,68 @@
-"""Weights read into L2 ahead of the GEMV that needs them, while the GPU's memory would idle.
+"""Weights read into L2 ahead of the GEMV that needs them, by extra programs of the rotary kernel.
 
 At one decode row a layer streams its weights through four GEMVs, and between the qkv GEMV and the
 o GEMV run rotary + KV write and the decode attention: about 7 us a layer on the H200 in which HBM
-is nearly idle (they read a few hundred KB), while o_proj's 16.8 MB of FP8 weight then stream at
-about 2.1 TB/s, a short launch's ramp being a large part of its 8 us. `Prefetcher.ahead` starts a
-kernel on a side stream, forked from the current one, that reads given weights with L2-only loads
-(`.cg`), so they are in L2 (50 MB on the H200) when the GEMV reaches them; `join` makes the current
-stream wait for it again, which a CUDA graph capture needs before it ends. Both are recorded into a
-graph like any other stream work. The kernel reads every 4-byte word once and xors them into one
-int32 per program (`sink`): the loads must feed a store, or the compiler drops them, and the xor
-lets a test check that every word was read.
+is nearly idle, while o_proj's 16.8 MB of FP8 weight then stream at about 2.1 TB/s, a short
+launch's ramp being a large part of its 8 us. So the rotary kernel that follows qkv may take
+PROGRAMS extra programs (`Regions`), each of which issues Hopper's bulk L2 prefetch
+(`cp.async.bulk.prefetch.L2`, fire and forget: the program ends at once, and the copy engine
+fetches the bytes while attention runs) over its share of up to three byte ranges: o_proj's
+weight, and the head of each half of gate_up's. Nothing waits for them and nothing they touch is
+written, so the kernels' results cannot change (e2e/gpu_prefetch_check.py checks the bits).
+
+Tried first, and lost (48717ab, e2e/results/prefetch-48717ab/): a kernel on a side stream that
+loaded the weights through L2. The chain with PDL went 2.457 -> 2.930 ms reading o_proj only: the
+stream's fork and join edges in the graph cost more than L2 saved, and its loads were too slow.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-# Programs and words a program loads at once: 132 programs of 8 warps hold 32 KB each in flight,
-# about 4 MB over the H200's 132 SMs, the load depth HBM needs at its bandwidth (Little's law at a
-# microsecond), while leaving the decode attention's 64 programs room beside them.
-PROGRAMS = 132
-BLOCK_WORDS = 8192
-NUM_WARPS = 8
+PROGRAMS = 64  # extra programs of the rotary launch; each SM's copy engine takes a share
+CHUNK = 8192  # bytes one lane's prefetch instruction covers; every range is a multiple of it
+MAX_RANGES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Regions:
+    """Up to MAX_RANGES contiguous tensors to prefetch, each a whole number of CHUNKs, and whether the
+    prefetch may start before the kernel before it has ended (early: during qkv's last programs)."""
+    tensors: tuple[torch.Tensor, ...]
+    early: bool = False
+
+    def args(self) -> list:
+        """(pointer, chunks) for each of MAX_RANGES ranges; absent ones are the first with 0 chunks."""
+        out = []
+        for i in range(MAX_RANGES):
+            t = self.tensors[min(i, len(self.tensors) - 1)]
+            nbytes = t.numel() * t.element_size()
+            assert t.is_contiguous() and nbytes % CHUNK == 0, "a prefetch range is whole chunks"
+            out += [t, nbytes // CHUNK if i < len(self.tensors) else 0]
+        return out
 
 
 @triton.jit
-def _prefetch_kernel(src, n_words, sink, span, BLOCK: tl.constexpr):
-    # span (a multiple of BLOCK) words a program, the last program's cut at n_words
-    pid = tl.program_id(0)
-    start = pid * span
-    acc = tl.zeros([BLOCK], dtype=tl.int32)
-    for off in range(0, span, BLOCK):
-        idx = start + off + tl.arange(0, BLOCK)
-        acc ^= tl.load(src + idx, mask=idx < n_words, other=0, cache_modifier=".cg")
-    tl.store(sink + pid, tl.xor_sum(acc, axis=0))
+def _issue(ptr, chunks, lane, lanes, CHUNK: tl.constexpr, LANES: tl.constexpr):
+    """Prefetch chunks lane, lane + lanes, ... of the range at ptr into L2."""
+    base = ptr.to(tl.pointer_type(tl.uint8))
+    for first in range(0, chunks, lanes):
+        c = first + lane + tl.arange(0, LANES)
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $3; mov.u32 $0, 0; }",
+            "=r,l,r,r", [base + c.to(tl.int64) * CHUNK, (c < chunks).to(tl.int32), tl.full([LANES], CHUNK, tl.int32)],
+            dtype=tl.int32, is_pure=False, pack=1)
 
 
-def words(t: torch.Tensor) -> torch.Tensor:
-    """t's bytes as int32 words (t contiguous, its size a multiple of 4 bytes)."""
-    assert t.is_contiguous() and t.numel() * t.element_size() % 4 == 0, "prefetch needs whole words"
-    return t.reshape(-1).view(torch.uint8).view(torch.int32)
-
-
-def prefetch(t: torch.Tensor, sink: torch.Tensor, programs: int = PROGRAMS, block: int = BLOCK_WORDS,
-             num_warps: int = NUM_WARPS) -> None:
-    """Read t once through L2, on the current stream; sink[:programs] gets each program's xor."""
-    w = words(t)
-    span = triton.cdiv(triton.cdiv(w.numel(), programs), block) * block
-    grid = (triton.cdiv(w.numel(), span),)
-    _prefetch_kernel[grid](w, w.numel(), sink, span, BLOCK=block, num_warps=num_warps)
-
-
-class Prefetcher:
-    """One side stream per device for `ahead`, and whether the current stream must `join` it."""
-
-    def __init__(self):
-        self._streams: dict[torch.device, torch.cuda.Stream] = {}
-        self._sinks: dict[torch.device, torch.Tensor] = {}
-        self.pending: torch.cuda.Stream | None = None
-
-    def ahead(self, tensors) -> None:
-        """Start reading `tensors` (CUDA) into L2 beside the current stream's work."""
-        device = tensors[0].device
-        if device not in self._streams:
-            self._streams[device] = torch.cuda.Stream(device)
-            self._sinks[device] = torch.zeros(PROGRAMS, dtype=torch.int32, device=device)
-        side, sink = self._streams[device], self._sinks[device]
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for t in tensors:
-                prefetch(t, sink)
-        self.pending = side
-
-    def join(self) -> None:
-        """The current stream waits for the last `ahead`'s reads (a no-op when none is pending)."""
-        if self.pending is not None:
-            torch.cuda.current_stream(self.pending.device).wait_stream(self.pending)
-            self.pending = None
+@triton.jit
+def issue_ranges(p0, n0, p1, n1, p2, n2, program, PROGRAMS: tl.constexpr, CHUNK: tl.constexpr,
+                 LANES: tl.constexpr):
+    """This prefetch program's share of the three ranges (program in 0..PROGRAMS-1)."""
+    lane, lanes = program * LANES, PROGRAMS * LANES
+    _issue(p0, n0, lane, lanes, CHUNK, LANES)
+    _issue(p1, n1, lane, lanes, CHUNK, LANES)
+    _issue(p2, n2, lane, lanes, CHUNK, LANES)

@@ -103,10 +103,11 @@ FUSED_ROPE_KV = True
 
 
 def rotary_kv_cache(positions, query, key, value, cos_sin_cache, k_cache, v_cache, slot_mapping,
-                    k_scale=1.0, v_scale=1.0):
+                    k_scale=1.0, v_scale=1.0, prefetch=None):
     """Rotates query and key, writes the rotated key and the value into their cache slots (an FP8
     cache: divided by k_scale, v_scale), and returns the rotated query (on the GPU, query is
-    rotated where it lies and key is left as is)."""
+    rotated where it lies and key is left as is). prefetch (kernels.l2_prefetch.Regions): weights
+    the fused kernel's launch also reads into L2; a hint, dropped on every other path."""
     if not _on_gpu(query):
         query, key = rotary_embedding_ref(positions, query, key, cos_sin_cache)
         write_kv_cache_ref(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
@@ -118,7 +119,7 @@ def rotary_kv_cache(positions, query, key, value, cos_sin_cache, k_cache, v_cach
     from pagoda.kernels.rotary_kv_cache import rotary_kv_cache as triton_rotary_kv_cache
 
     return triton_rotary_kv_cache(positions, query, key, value, cos_sin_cache, k_cache, v_cache, slot_mapping,
-                                  k_scale, v_scale)
+                                  k_scale, v_scale, prefetch=prefetch)
 
 
 def silu_and_mul(x):
@@ -228,12 +229,14 @@ FOLD_GLU = True
 # kernel runs (runtime/quantization/fp8_residual.py). The engine's --fold-residual, off until the
 # H200 measures it (e2e/decode_chain_gpu_bench.py's sumsq variants).
 FOLD_SUMSQ = False
-# At one FP8 decode row a side stream reads o_proj's weight, and the first L2_PREFETCH_MLP_BYTES of
-# gate_up's (the rows its first programs read, half from each half), into L2 while rotary and the
-# decode attention run (kernels/l2_prefetch.py, runtime/quantization/fp8_prefetch.py). The engine's
-# --l2-prefetch, installed by configure().
+# At one FP8 decode row the rotary launch's extra programs read o_proj's weight, and the first
+# L2_PREFETCH_MLP_BYTES of gate_up's (the rows its first programs read, half from each half), into
+# L2 while the decode attention runs (kernels/l2_prefetch.py, runtime/quantization/fp8_prefetch.py);
+# L2_PREFETCH_EARLY lets them start before the qkv GEMV has ended. The engine's --l2-prefetch,
+# installed by configure().
 L2_PREFETCH = False
 L2_PREFETCH_MLP_BYTES = 16 << 20
+L2_PREFETCH_EARLY = False
 
 
 def fp8_path(x, weight, bias=None, act=None):

@@ -151,8 +151,8 @@ class EngineArgs:
                                       "their sums of squares (no norm kernel; one rank)",
                                type=bool)
     # Off until the H200 measures it (e2e/decode_chain_gpu_bench.py's prefetch variants, run_pdl.sh w2prefetch).
-    l2_prefetch: bool = knob(False, "at one FP8 decode row, a side stream reads o_proj's weight and the head of "
-                                    "gate_up's into L2 while rotary and attention run (kernels/l2_prefetch.py)",
+    l2_prefetch: bool = knob(False, "at one FP8 decode row, the rotary launch also reads o_proj's weight and the head "
+                                    "of gate_up's into L2 while attention runs (kernels/l2_prefetch.py)",
                              type=bool)
     tp_start_timeout_s: float = knob(1800.0, "seconds tensor-parallel workers may take to load their shards",
                                      type=float, flag="--tp-start-timeout", metavar="SECONDS")

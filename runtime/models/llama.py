@@ -22,7 +22,6 @@ from pagoda.runtime.layers.vocab_embedding import ParallelLMHead, VocabParallelE
 from pagoda.runtime.layers.weight_slice import is_fp8, materialize
 from pagoda.runtime.model_config import ModelConfig
 from pagoda.runtime.models.hf_fields import attention_scale, layer_windows, rotary_dim
-from pagoda.runtime.quantization import fp8_prefetch
 
 # model.layers.3.mlp.experts.17.gate_proj.weight -> (model.layers.3.mlp, 17, gate_proj, weight); FP8
 # checkpoints add each expert matrix's weight_scale and (static activations) input_scale
@@ -55,16 +54,10 @@ class LlamaAttention(nn.Module):
         )
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        qkv = self.qkv_proj(hidden)
-        # at one FP8 row, o_proj's weights go into L2 while rotary and attention run (fp8_prefetch.py)
-        reading = fp8_prefetch.ahead(self, qkv)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(q.shape[0], self.num_heads, -1)
         k = k.reshape(k.shape[0], self.num_kv_heads, -1)
-        out = self.o_proj(self.attn(q, k, v, positions, self.rotary_emb.cos_sin_cache))
-        if reading:
-            fp8_prefetch.join()
-        return out
+        return self.o_proj(self.attn(q, k, v, positions, self.rotary_emb.cos_sin_cache))
 
     @staticmethod
     def checkpoint_shapes(cfg: ModelConfig, p: str) -> list[tuple[str, tuple[int, ...]]]:
@@ -112,9 +105,9 @@ class LlamaDecoderLayer(nn.Module):
     # next layer's input_layernorm or the final norm): with FP8 weights they may add it to the
     # residual stream in their own kernel (quantization/fp8_residual.py).
     fp8_residual_producers = ("self_attn.o_proj", "mlp.down_proj")
-    # The module whose forward reads the FP8 weights of these layers into L2 ahead of their GEMVs,
+    # The attention whose rotary launch reads these layers' FP8 weights into L2 ahead of their GEMVs,
     # at one decode row (quantization/fp8_prefetch.py).
-    fp8_l2_prefetch = ("self_attn", ("self_attn.o_proj", "mlp.gate_up_proj"))
+    fp8_l2_prefetch = ("self_attn.attn", ("self_attn.o_proj", "mlp.gate_up_proj"))
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, rotary_emb: RotaryEmbedding):
         super().__init__()
