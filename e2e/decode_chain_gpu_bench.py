@@ -18,9 +18,7 @@ The 32 layers are captured as one CUDA graph and replayed; the figure is the med
 - variants: the GEMV folds (FP8: "norm", the RMSNorm in the qkv and gate_up GEMVs with a pass over
   the row for rstd; "sumsq", the same from sums of squares that o_proj and down write as they add
   to the residual stream; "glu", silu(gate) * up in gate_up's epilogue and a plain down GEMV, the
-  engine's --fold-gemv; "pfN", o_proj's weight and the first N MB of gate_up's read into L2 by the
-  rotary launch's extra programs while attention runs, the engine's --l2-prefetch; "pfeN", the same
-  issued before qkv has ended) and the decode attention's
+  engine's --fold-gemv) and the decode attention's
   merge in its own kernel (kernels/paged_attention_decode.FUSED_MERGE), each on and off, PDL off and
   on; the folds change the rounding of rstd only, so their output is compared, not bit for bit.
 - sweep (FP8, PDL on, the engine's default folds: glu): each projection's GEMV launch over a grid
@@ -59,7 +57,7 @@ def parse_args(argv=None):
     p.add_argument("--dtype", choices=("fp8", "bf16", "both"), default="both")
     p.add_argument("--no-sweep", action="store_true")
     p.add_argument("--variants", default=None,
-                   help="comma-separated fold sets to run, '+' between folds (none,glu,glu+pf16); "
+                   help="comma-separated fold sets to run, '+' between folds (none,glu,sumsq+glu); "
                         "default: every one")
     p.add_argument("--merge", choices=("kernel", "fused", "both"), default="both")
     p.add_argument("--replays", type=int, default=200)
@@ -94,7 +92,7 @@ class Chain:
             self.layers.append(layer)
         self.configs = {}  # projection -> GemvConfig overriding the runtime's launch (FP8 only)
         self.folds = frozenset()  # FP8: "norm" (the norms into the next GEMV), "glu" (silu(gate) * up),
-        # "sumsq", "pfN", "pfeN" (see the docstring)
+        # "sumsq" (see the docstring)
         self.x = torch.randn(1, d["hidden"], device=device).to(bf16)
         self.positions = torch.tensor([d["context"] - 1], device=device)
         half = d["head_dim"] // 2
@@ -174,8 +172,7 @@ class Chain:
             k = qkv[:, q_end:k_end].view(1, d["kv_heads"], d["head_dim"])
             v = qkv[:, k_end:].view(1, d["kv_heads"], d["head_dim"])
             kc, vc = layer["cache"]
-            q = ops.rotary_kv_cache(self.positions, q, k, v, self.cos_sin, kc, vc, self.slot,
-                                    prefetch=self.prefetch_regions(layer))
+            q = ops.rotary_kv_cache(self.positions, q, k, v, self.cos_sin, kc, vc, self.slot)
             attn = paged_attention_decode(q, kc, vc, self.block_tables, self.seq_lens, self.qsl,
                                           d["head_dim"] ** -0.5, max_seq_len=d["context"])
             if summed:
@@ -191,24 +188,6 @@ class Chain:
             else:
                 x = self.linear(layer, down, act)
         return residual if summed else x + residual
-
-
-    def prefetch_regions(self, layer):
-        """With a "pfN" or "pfeN" fold (FP8, CUDA): o_proj's weight and N MB of gate_up's head, as
-        runtime/quantization/fp8_prefetch.py picks them, for the rotary launch to read into L2."""
-        spec = [f for f in self.folds if f.startswith("pf")]
-        if not (spec and self.fp8 and self.x.is_cuda):
-            return None
-        from pagoda.kernels.l2_prefetch import Regions
-        from pagoda.runtime.quantization.fp8_prefetch import whole_chunks
-
-        early = spec[0].startswith("pfe")
-        mb = int(spec[0][3 if early else 2:])
-        gate_up = layer["gate_up_proj"][0]
-        half = gate_up.shape[0] // 2
-        rows = min(half, (mb << 20) // (2 * gate_up.shape[1]))
-        parts = [layer["o_proj"][0]] + ([gate_up[:rows], gate_up[half:half + rows]] if rows else [])
-        return Regions(tuple(whole_chunks(p) for p in parts), early=early)
 
 
 def run_chain(torch, chain: Chain, pdl_on: bool, replays: int, smoke: bool) -> tuple[float | None, object]:

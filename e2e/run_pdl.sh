@@ -9,8 +9,6 @@
 #     w2fp8        W2 FP8 only
 #     w2fold       W2 FP8 with --no-fold-gemv, then with --fold-gemv against it
 #     w2residual   W2 FP8 with --no-fold-residual, then with --fold-residual against it
-#     w2prefetch   W2 FP8 with --no-l2-prefetch, then with --l2-prefetch against it
-#     prefetchcheck e2e/gpu_prefetch_check.py: greedy decode the same bits with --l2-prefetch on and off
 #     w2bf16       W2 bf16 once, at the defaults
 #     w2fp8once    W2 FP8 once, at the defaults
 #     attention    e2e/decode_attention_w2_bench.py: W2's decode attention (one sequence) over splits and tiles
@@ -87,9 +85,6 @@ for s in "${STAGES[@]}"; do
         w2fp8) stage w2-fp8 w2 --quantization fp8 ;;
         w2fold) stage w2-fold w2ab fold-gemv ;;
         w2residual) stage w2-residual w2ab fold-residual ;;
-        w2prefetch) stage w2-prefetch w2ab l2-prefetch ;;
-        prefetchcheck) stage prefetch-check timeout 300 "$PY" e2e/gpu_prefetch_check.py \
-            --out "$RES/l2-prefetch-check-${PAGODA_COMMIT:-local}.json" ;;
         w2bf16) stage w2-bf16 timeout 150 "$PY" -m pagoda.runtime.cli bench latency --backend pagoda --model w1 \
             --warmup-iters 2 --iters 5 ${ENGINE_ARGS:-} --out "$RES" ;;
         w2fp8once) stage w2-fp8-once timeout 150 "$PY" -m pagoda.runtime.cli bench latency --backend pagoda --model w1 \

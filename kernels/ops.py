@@ -103,11 +103,10 @@ FUSED_ROPE_KV = True
 
 
 def rotary_kv_cache(positions, query, key, value, cos_sin_cache, k_cache, v_cache, slot_mapping,
-                    k_scale=1.0, v_scale=1.0, prefetch=None):
+                    k_scale=1.0, v_scale=1.0):
     """Rotates query and key, writes the rotated key and the value into their cache slots (an FP8
     cache: divided by k_scale, v_scale), and returns the rotated query (on the GPU, query is
-    rotated where it lies and key is left as is). prefetch (kernels.l2_prefetch.Regions): weights
-    the fused kernel's launch also reads into L2; a hint, dropped on every other path."""
+    rotated where it lies and key is left as is)."""
     if not _on_gpu(query):
         query, key = rotary_embedding_ref(positions, query, key, cos_sin_cache)
         write_kv_cache_ref(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
@@ -119,7 +118,7 @@ def rotary_kv_cache(positions, query, key, value, cos_sin_cache, k_cache, v_cach
     from pagoda.kernels.rotary_kv_cache import rotary_kv_cache as triton_rotary_kv_cache
 
     return triton_rotary_kv_cache(positions, query, key, value, cos_sin_cache, k_cache, v_cache, slot_mapping,
-                                  k_scale, v_scale, prefetch=prefetch)
+                                  k_scale, v_scale)
 
 
 def silu_and_mul(x):
@@ -144,13 +143,12 @@ _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def configure(enable_gemv: bool = True, fused_rope_kv: bool = True, pdl: bool = False, fold_gemv: bool = True,
-              fold_residual: bool = False, l2_prefetch: bool = False, device: torch.device | None = None) -> None:
+              fold_residual: bool = False, device: torch.device | None = None) -> None:
     """Install the engine's kernel choices; the model runner calls it once, when it starts (each
     tensor-parallel worker too), before any kernel runs. pdl (kernels/pdl.py) takes effect only on
     a GPU that has it (an older GPU logs a warning; the CPU needs none)."""
-    global GEMV_ENABLED, FUSED_ROPE_KV, FOLD_GLU, FOLD_SUMSQ, L2_PREFETCH
+    global GEMV_ENABLED, FUSED_ROPE_KV, FOLD_GLU, FOLD_SUMSQ
     GEMV_ENABLED, FUSED_ROPE_KV, FOLD_GLU, FOLD_SUMSQ = enable_gemv, fused_rope_kv, fold_gemv, fold_residual
-    L2_PREFETCH = l2_prefetch
     # pdl.py imports Triton: a CPU process never loads it for this
     launch = sys.modules.get("pagoda.kernels.pdl")
     wanted = pdl and device is not None and device.type == "cuda"
@@ -226,17 +224,9 @@ FOLD_NORM = False
 FOLD_GLU = True
 # o_proj and down_proj add their one-row output to the residual stream in their GEMV's epilogue and
 # sum its squares there, and the next GEMV's folded norm takes rstd from those sums, so no norm
-# kernel runs (runtime/quantization/fp8_residual.py). The engine's --fold-residual, off until the
-# H200 measures it (e2e/decode_chain_gpu_bench.py's sumsq variants).
+# kernel runs (runtime/quantization/fp8_residual.py). The engine's --fold-residual, off: it made the
+# 8B FP8 chain 2.518 -> 2.578 ms and W2 2.758 -> 2.947 ms on the H200 (e2e/results/folds-b682c20/).
 FOLD_SUMSQ = False
-# At one FP8 decode row the rotary launch's extra programs read o_proj's weight, and the first
-# L2_PREFETCH_MLP_BYTES of gate_up's (the rows its first programs read, half from each half), into
-# L2 while the decode attention runs (kernels/l2_prefetch.py, runtime/quantization/fp8_prefetch.py);
-# L2_PREFETCH_EARLY lets them start before the qkv GEMV has ended. The engine's --l2-prefetch,
-# installed by configure().
-L2_PREFETCH = False
-L2_PREFETCH_MLP_BYTES = 16 << 20
-L2_PREFETCH_EARLY = False
 
 
 def fp8_path(x, weight, bias=None, act=None):

@@ -5,15 +5,13 @@ straight into their cache slot and copies its value heads beside them. The rotat
 back to the projection's buffer (attention reads keys from the cache only), and a step launches one
 kernel where it launched two: at one decode row, where each launch is a few microseconds of a
 ~140 us layer, that matters. The reference is rotary_embedding_ref then write_kv_cache_ref.
-At one FP8 decode row its launch may also carry l2_prefetch's programs, which read the next GEMVs'
-weights into L2 while attention runs (`prefetch`).
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from pagoda.kernels import l2_prefetch, pdl
+from pagoda.kernels import pdl
 from pagoda.kernels.fp8_cast import round_first, to_cache
 from pagoda.kernels.rotary import _cos_sin, _rotate_heads
 
@@ -23,38 +21,14 @@ def _rotary_kv_cache_kernel(
     positions_ptr, q_ptr, k_ptr, v_ptr, cos_sin_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
     stride_cb, stride_co, stride_ch, block_size, k_scale, v_scale,
-    num_heads, num_kv_heads, head_dim, num_tokens, pf0, pf0_chunks, pf1, pf1_chunks, pf2, pf2_chunks,
+    num_heads, num_kv_heads, head_dim,
     HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_PASS: tl.constexpr, HAS_PASS: tl.constexpr,
     FP8: tl.constexpr, ROUND_FIRST: tl.constexpr, PDL: tl.constexpr,
-    PF_PROGRAMS: tl.constexpr, PF_EARLY: tl.constexpr, PF_CHUNK: tl.constexpr, PF_LANES: tl.constexpr,
 ):
     pdl.launch_dependents(PDL)
-    token = tl.program_id(0).to(tl.int64)
-    if token >= num_tokens:  # a prefetch program (only PF_PROGRAMS > 0 launches them): issue and end
-        if PF_PROGRAMS > 0:
-            if not PF_EARLY:
-                pdl.wait(PDL)
-            l2_prefetch.issue_ranges(pf0, pf0_chunks, pf1, pf1_chunks, pf2, pf2_chunks, token - num_tokens,
-                                     PF_PROGRAMS, PF_CHUNK, PF_LANES)
-    else:
-        _rotate_token(positions_ptr, q_ptr, k_ptr, v_ptr, cos_sin_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
-                      stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs, stride_cb,
-                      stride_co, stride_ch, block_size, k_scale, v_scale, num_heads, num_kv_heads, head_dim,
-                      token, HALF, BLOCK_H, BLOCK_KH, BLOCK_HALF, BLOCK_D, BLOCK_PASS, HAS_PASS, FP8,
-                      ROUND_FIRST, PDL)
-
-
-@triton.jit
-def _rotate_token(
-    positions_ptr, q_ptr, k_ptr, v_ptr, cos_sin_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
-    stride_cb, stride_co, stride_ch, block_size, k_scale, v_scale, num_heads, num_kv_heads, head_dim, token,
-    HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_PASS: tl.constexpr, HAS_PASS: tl.constexpr,
-    FP8: tl.constexpr, ROUND_FIRST: tl.constexpr, PDL: tl.constexpr,
-):
     pdl.wait(PDL)
+    token = tl.program_id(0).to(tl.int64)
     cos, sin = _cos_sin(positions_ptr, cos_sin_ptr, token, stride_cs, HALF, BLOCK_HALF)
     # the query in place: its unrotated tail (partial rotary) is already where it belongs
     _rotate_heads(q_ptr, q_ptr, stride_qt, stride_qh, stride_qt, stride_qh, token, num_heads,
@@ -85,7 +59,6 @@ def rotary_kv_cache(
     slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 skips
     k_scale: float = 1.0,  # FP8 caches only: the cache holds k / k_scale, v / v_scale
     v_scale: float = 1.0,
-    prefetch: l2_prefetch.Regions | None = None,  # weights to read into L2 (CUDA only)
 ) -> torch.Tensor:
     """Returns the query, rotated in place; the rotated key and the value land in their slots."""
     num_tokens, num_heads, head_dim = query.shape
@@ -97,20 +70,16 @@ def rotary_kv_cache(
         return query
     half = rotary_dim // 2
     pass_dim = head_dim - rotary_dim
-    pf_programs = l2_prefetch.PROGRAMS if prefetch is not None and prefetch.tensors else 0
-    pf_args = prefetch.args() if pf_programs else [query, 0] * l2_prefetch.MAX_RANGES
-    num_warps = 4 if num_heads * head_dim >= 2048 else 1
-    _rotary_kv_cache_kernel[(num_tokens + pf_programs,)](
+    _rotary_kv_cache_kernel[(num_tokens,)](
         positions, query, key, value, cos_sin_cache, k_cache, v_cache, slot_mapping,
         query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         cos_sin_cache.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.shape[1],
-        float(k_scale), float(v_scale), num_heads, num_kv_heads, head_dim, num_tokens, *pf_args,
+        float(k_scale), float(v_scale), num_heads, num_kv_heads, head_dim,
         HALF=half, BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_KH=triton.next_power_of_2(num_kv_heads),
         BLOCK_HALF=triton.next_power_of_2(half), BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_PASS=triton.next_power_of_2(max(pass_dim, 1)), HAS_PASS=pass_dim > 0,
         FP8=k_cache.dtype == torch.float8_e4m3fn, ROUND_FIRST=round_first(k_cache),
-        PDL=(on := pdl.flag(query, num_tokens)), PF_PROGRAMS=pf_programs,
-        PF_EARLY=bool(prefetch is not None and prefetch.early), PF_CHUNK=l2_prefetch.CHUNK,
-        PF_LANES=num_warps * 32, num_warps=num_warps, **pdl.options(on),
+        PDL=(on := pdl.flag(query, num_tokens)), num_warps=4 if num_heads * head_dim >= 2048 else 1,
+        **pdl.options(on),
     )
     return query

@@ -144,16 +144,12 @@ class EngineArgs:
     fold_gemv: bool = knob(True, "at one FP8 decode row, gate_up's GEMV computes silu(gate) * up in its "
                                  "epilogue, so down_proj reads a plain activation (one pass fewer over it)",
                            type=bool)
-    # Measured on the H200 (e2e/results/folds-b682c20/): W2 FP8 2.758 -> 2.947 ms with it, the chain
-    # 2.518 -> 2.578; so off, a switch for benchmarks.
+    # Off: on the H200 it made W2 FP8 2.758 -> 2.947 ms and the decode chain 2.518 -> 2.578
+    # (e2e/results/folds-b682c20/); a switch for benchmarks.
     fold_residual: bool = knob(False, "at one FP8 decode row, o_proj and down_proj add their output to the "
                                       "residual stream in their GEMV and the next GEMV's RMSNorm takes rstd from "
                                       "their sums of squares (no norm kernel; one rank)",
                                type=bool)
-    # Off until the H200 measures it (e2e/decode_chain_gpu_bench.py's prefetch variants, run_pdl.sh w2prefetch).
-    l2_prefetch: bool = knob(False, "at one FP8 decode row, the rotary launch also reads o_proj's weight and the head "
-                                    "of gate_up's into L2 while attention runs (kernels/l2_prefetch.py)",
-                             type=bool)
     tp_start_timeout_s: float = knob(1800.0, "seconds tensor-parallel workers may take to load their shards",
                                      type=float, flag="--tp-start-timeout", metavar="SECONDS")
     # vLLM's --runner: pooling serves embeddings (/v1/embeddings, LLM.embed) instead of text.

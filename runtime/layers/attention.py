@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from pagoda.kernels import ops
-from pagoda.runtime.quantization import fp8_prefetch
 from pagoda.runtime.worker.attention_context import get_context, get_splitter
 
 
@@ -63,7 +62,7 @@ class Attention(nn.Module):
         # the scales belong to an FP8 cache only; a bf16/fp32 cache holds k and v as they are
         k_scale, v_scale = (self.k_scale, self.v_scale) if self.k_cache.dtype == torch.float8_e4m3fn else (1.0, 1.0)
         q = ops.rotary_kv_cache(positions, q, k, v, cos_sin_cache, self.k_cache, self.v_cache,
-                                ctx.slot_mapping[:n], k_scale, v_scale, prefetch=fp8_prefetch.regions_for(self, q))
+                                ctx.slot_mapping[:n], k_scale, v_scale)
         result = ops.paged_attention(
             q,
             self.k_cache,

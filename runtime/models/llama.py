@@ -105,9 +105,6 @@ class LlamaDecoderLayer(nn.Module):
     # next layer's input_layernorm or the final norm): with FP8 weights they may add it to the
     # residual stream in their own kernel (quantization/fp8_residual.py).
     fp8_residual_producers = ("self_attn.o_proj", "mlp.down_proj")
-    # The attention whose rotary launch reads these layers' FP8 weights into L2 ahead of their GEMVs,
-    # at one decode row (quantization/fp8_prefetch.py).
-    fp8_l2_prefetch = ("self_attn.attn", ("self_attn.o_proj", "mlp.gate_up_proj"))
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, rotary_emb: RotaryEmbedding):
         super().__init__()

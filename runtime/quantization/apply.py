@@ -19,7 +19,7 @@ from torch import nn
 
 from pagoda.runtime.layers.fused_moe import FusedMoE
 from pagoda.runtime.layers.linear import ColumnParallelLinear, RowParallelLinear
-from pagoda.runtime.quantization import fp8_linear, fp8_moe, fp8_prefetch
+from pagoda.runtime.quantization import fp8_linear, fp8_moe
 from pagoda.runtime.quantization.scheme import FP8Scheme, UnsupportedQuantization
 
 logger = logging.getLogger(__name__)
@@ -91,7 +91,6 @@ def finish(model: nn.Module, scheme: FP8Scheme, compute_dtype: torch.dtype) -> N
     if fp8 and next(fp8[0].parameters()).is_cuda:
         torch.cuda.empty_cache()  # the replaced bf16 weights: give the KV pool their memory back whole
     link_norms(model)
-    fp8_prefetch.link(model)
     if any(dequantized):
         device = layers[0].weight.device
         why = ("the scheme quantizes weights only" if scheme.activations == "none"
