@@ -60,6 +60,9 @@ def parse_args(argv=None):
                    help="comma-separated fold sets to run, '+' between folds (none,glu,sumsq+glu); "
                         "default: every one")
     p.add_argument("--merge", choices=("kernel", "fused", "both"), default="both")
+    p.add_argument("--stages", default=None,
+                   help="comma-separated num_stages (2,3,4): the chain at the engine's folds with every FP8 GEMV "
+                        "launch's num_stages set to each (Triton's pipeliner over the weight loads)")
     p.add_argument("--replays", type=int, default=200)
     p.add_argument("--budget-s", type=float, default=45.0, help="seconds of sweep per projection")
     p.add_argument("--profile", action="store_true", help="per-kernel times of one token (torch.profiler)")
@@ -319,6 +322,23 @@ def sweep(torch, chain: Chain, args) -> dict:
     return out
 
 
+def stages(torch, chain: Chain, args) -> dict:
+    """The chain at the engine's folds, PDL on, with every GEMV launch at each num_stages asked for."""
+    out = {}
+    for n in [int(s) for s in args.stages.split(",")]:
+        for name in FOLDED:
+            cfg = chain.runtime_config(name, chain.x.new_empty(1, SHAPES[name][1]))
+            chain.configs[name] = dataclasses.replace(cfg, num_stages=n)
+        try:
+            ms, _ = run_chain(torch, chain, True, args.replays, args.smoke)
+            out[str(n)] = round(ms, 4)
+        except Exception as exc:  # out of shared memory for this depth
+            out[str(n)] = f"{type(exc).__name__}: {str(exc)[:80]}"
+        print(f"  num_stages {n}: {out[str(n)]}", flush=True)
+    chain.configs.clear()
+    return out
+
+
 def profile(torch, chain: Chain) -> dict:
     """Microseconds per kernel name over one eager token at the defaults, PDL off (the sum of each
     kernel's own time: what a fold or a faster launch can take away)."""
@@ -365,6 +385,8 @@ def main(argv=None) -> int:
         if args.profile and not args.smoke:
             res["profile"] = profile(torch, chain)
             print(json.dumps(dict(list(res["profile"].items())[:14]), indent=0), flush=True)
+        if dtype == "fp8" and args.stages and not args.smoke:
+            res["stages"] = stages(torch, chain, args)
         if dtype == "fp8" and not args.no_sweep:
             res["sweep"] = sweep(torch, chain, args)
             for on in (False, True):
