@@ -23,7 +23,8 @@
 #                  VLLM_W2=0 leaves out vLLM's W2 (its first start alone takes ~4 min of a 10-min call).
 #                  VLLM=1 appends this stage when the list lacks it, so Pagoda's and vLLM's FP8 runs
 #                  (and their ratios) come from one call; the vLLM parts must be on the machine first
-#                  (../shared/tools/vllm-peer/README.md: one call per part of .vllm/).
+#                  (../shared/tools/vllm-peer/README.md: one call per part of .vllm/; with this tree's
+#                  size the parts must be cut smaller first: e2e/vllm_small_parts.sh).
 # W2's FP8 run decodes through the path kernels/fp8_dispatch.py picks (the FP8 GEMV at 1 row without a
 # table entry); `--no-enable-gemv` would put it back on _scaled_mm.
 # At most 8 JSON files land in OUT_DIR, all stages run (the bench PNGs are removed: a device call
@@ -83,7 +84,9 @@ stage_w1() {
 
 stage_vllm() {
     if [ ! -d /tmp/vsite/vllm ]; then
-        bash .vllm/install-on-gpu "${VLLM_PARTS:-/tmp/vp}" || return 1
+        local installer=.vllm/install-on-gpu  # or beside the small parts (e2e/vllm_small_parts.sh)
+        [ -f .vllm/small/install-on-gpu ] && installer=.vllm/small/install-on-gpu
+        bash "$installer" "${VLLM_PARTS:-/tmp/vp}" || return 1
     fi
     local vllm_env=(env PYTHONPATH=/tmp/vsite:/tmp/pagoda-src HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1)
     local w2 w1 peer2=() peer1=()

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# vLLM 0.26's peer bundle cut small enough to travel beside this tree. ../shared/tools/vllm-peer/pack
+# cuts it into 58-MiB parts, but a device call carries at most 64 MiB with the working tree, which is
+# about 30 MB (most of it e2e/demo-model's weights): a 58-MiB part no longer fits (2026-12-04).
+#   bash e2e/vllm_small_parts.sh            (from the repository root; packs first if .vllm/wheels is absent)
+# leaves .vllm/small/part-00 ... (PART_MIB, default 28 MiB each, about 14 parts) and the installer beside
+# them. Send one part per device call, back to back (an idle machine is given back after 30 s):
+#   carry [".vllm/small/part-NN"], command: mkdir -p /tmp/vparts && cp .vllm/small/part-NN /tmp/vparts/
+# then, in the call that runs vLLM, carry .vllm/small/install-on-gpu as .vllm/install-on-gpu's stand-in:
+#   VLLM_PARTS=/tmp/vparts bash e2e/run_fp8.sh OUT vllm     (run_fp8.sh's vllm stage installs from there)
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+[ -d .vllm/wheels ] || ../shared/tools/vllm-peer/pack
+rm -rf .vllm/small && mkdir -p .vllm/small
+tar -C .vllm -cf - wheels | split -b "${PART_MIB:-28}m" -d - .vllm/small/part-
+cp ../shared/tools/vllm-peer/install-on-gpu .vllm/small/
+ls -la .vllm/small
