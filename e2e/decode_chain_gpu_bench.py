@@ -18,7 +18,8 @@ The 32 layers are captured as one CUDA graph and replayed; the figure is the med
 - variants: the GEMV folds (FP8: "norm", the RMSNorm in the qkv and gate_up GEMVs with a pass over
   the row for rstd; "sumsq", the same from sums of squares that o_proj and down write as they add
   to the residual stream; "glu", silu(gate) * up in gate_up's epilogue and a plain down GEMV, the
-  engine's --fold-gemv) and the decode attention's
+  engine's --fold-gemv; "tma", every GEMV the one-row TMA kernel of kernels/gemv_tma.py, paired
+  with glu) and the decode attention's
   merge in its own kernel (kernels/paged_attention_decode.FUSED_MERGE), each on and off, PDL off and
   on; the folds change the rounding of rstd only, so their output is compared, not bit for bit.
 - sweep (FP8, PDL on, the engine's default folds: glu): each projection's GEMV launch over a grid
@@ -60,6 +61,8 @@ def parse_args(argv=None):
                    help="comma-separated fold sets to run, '+' between folds (none,glu,sumsq+glu); "
                         "default: every one")
     p.add_argument("--merge", choices=("kernel", "fused", "both"), default="both")
+    p.add_argument("--tma-sweep", action="store_true",
+                   help="the glu+tma chain over a grid of TMA GEMV tiles, one tile for all four projections")
     p.add_argument("--stages", default=None,
                    help="comma-separated num_stages (2,3,4): the chain at the engine's folds with every FP8 GEMV "
                         "launch's num_stages set to each (Triton's pipeliner over the weight loads)")
@@ -95,7 +98,8 @@ class Chain:
             self.layers.append(layer)
         self.configs = {}  # projection -> GemvConfig overriding the runtime's launch (FP8 only)
         self.folds = frozenset()  # FP8: "norm" (the norms into the next GEMV), "glu" (silu(gate) * up),
-        # "sumsq" (see the docstring)
+        # "sumsq", "tma" (see the docstring)
+        self.tma_config = None  # kernels.gemv_tma.TmaGemvConfig for the "tma" variant (None: its default)
         self.x = torch.randn(1, d["hidden"], device=device).to(bf16)
         self.positions = torch.tensor([d["context"] - 1], device=device)
         half = d["head_dim"] // 2
@@ -130,6 +134,10 @@ class Chain:
         act = SHAPES[name][2]
         if self.fp8:
             w, s = layer[WEIGHTS.get(name, name)]
+            if "tma" in self.folds and act != "silu_mul" and norm is None and add_to is None:
+                from pagoda.kernels.gemv_tma import gemv_tma
+
+                return gemv_tma(x, w, s, config=self.tma_config, epilogue="silu_mul" if act else None)
             cfg = self.configs.get(name) or self.runtime_config(name, x)
             if act == "silu_mul_out":
                 return ops.fp8_gemv(x, w, s, config=cfg, norm=norm, epilogue="silu_mul")
@@ -322,6 +330,27 @@ def sweep(torch, chain: Chain, args) -> dict:
     return out
 
 
+def tma_sweep(torch, chain: Chain, args) -> dict:
+    """The glu+tma chain, PDL on, with one TMA GEMV tile for all four projections at a time."""
+    from pagoda.kernels.gemv_tma import TmaGemvConfig
+
+    chain.folds = frozenset(("glu", "tma"))
+    out = {}
+    for bn, bk, stages_, warps in itertools.product((8, 16, 32, 64), (128, 256), (3, 4, 6), (4, 8)):
+        cfg = TmaGemvConfig(bn, bk, warps, stages_)
+        chain.tma_config = cfg
+        key = f"{bn}x{bk}/s{stages_}/w{warps}"
+        try:
+            ms, _ = run_chain(torch, chain, True, max(20, args.replays // 4), args.smoke)
+            out[key] = round(ms, 4)
+        except Exception as exc:  # out of shared memory or registers for this tile
+            out[key] = f"{type(exc).__name__}: {str(exc)[:60]}"
+    ranked = sorted((v, k) for k, v in out.items() if isinstance(v, float))
+    print(f"  tma sweep: best {ranked[:5]}", flush=True)
+    chain.tma_config, chain.folds = None, frozenset(("glu",))
+    return out
+
+
 def stages(torch, chain: Chain, args) -> dict:
     """The chain at the engine's folds, PDL on, with every GEMV launch at each num_stages asked for."""
     out = {}
@@ -385,6 +414,8 @@ def main(argv=None) -> int:
         if args.profile and not args.smoke:
             res["profile"] = profile(torch, chain)
             print(json.dumps(dict(list(res["profile"].items())[:14]), indent=0), flush=True)
+        if dtype == "fp8" and args.tma_sweep and not args.smoke:
+            res["tma_sweep"] = tma_sweep(torch, chain, args)
         if dtype == "fp8" and args.stages and not args.smoke:
             res["stages"] = stages(torch, chain, args)
         if dtype == "fp8" and not args.no_sweep:
