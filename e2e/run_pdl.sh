@@ -9,6 +9,7 @@
 #     w2fp8        W2 FP8 only
 #     w2fold       W2 FP8 with --no-fold-gemv, then with --fold-gemv against it
 #     w2residual   W2 FP8 with --no-fold-residual, then with --fold-residual against it
+#     w2tma        W2 FP8 with --no-gemv-tma, then with --gemv-tma against it
 #     w2bf16       W2 bf16 once, at the defaults
 #     w2fp8once    W2 FP8 once, at the defaults
 #     attention    e2e/decode_attention_w2_bench.py: W2's decode attention (one sequence) over splits and tiles
@@ -85,6 +86,7 @@ for s in "${STAGES[@]}"; do
         w2fp8) stage w2-fp8 w2 --quantization fp8 ;;
         w2fold) stage w2-fold w2ab fold-gemv ;;
         w2residual) stage w2-residual w2ab fold-residual ;;
+        w2tma) stage w2-tma w2ab gemv-tma ;;
         w2bf16) stage w2-bf16 timeout 150 "$PY" -m pagoda.runtime.cli bench latency --backend pagoda --model w1 \
             --warmup-iters 2 --iters 5 ${ENGINE_ARGS:-} --out "$RES" ;;
         w2fp8once) stage w2-fp8-once timeout 150 "$PY" -m pagoda.runtime.cli bench latency --backend pagoda --model w1 \

@@ -13,6 +13,8 @@ of the fewest measured rows >= r for its shape (the tensor-core tile costs the s
 count up to 16; the GEMV's cost grows with rows, so a larger measured count is an upper bound).
 Shapes and rows without an entry keep what ran before this table: the FP8 GEMV at
 FP8_GEMV_MAX_ROWS rows with gemv.fp8_launch's launch, _scaled_mm above.
+With ONE_ROW_TMA set (the engine's --gemv-tma), every 1-row entry of the weight-only GEMV runs the
+TMA-fed GEMV of gemv_tma.py ("gemv_tma") at that launch instead, until the H200 has measured it.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from pagoda.kernels.gemv_fp8 import Fp8GemvConfig
 from pagoda.kernels.scaled_gemv import MAX_ROWS as SCALED_GEMV_MAX_ROWS
 from pagoda.kernels.scaled_gemv import ScaledGemvConfig
 
-PATHS = ("gemv", "gemv_fp8", "scaled_gemv", "scaled_mm")
-WEIGHT_ONLY = ("gemv", "gemv_fp8")  # x is not quantized
+PATHS = ("gemv", "gemv_fp8", "gemv_tma", "scaled_gemv", "scaled_mm")
+WEIGHT_ONLY = ("gemv", "gemv_fp8", "gemv_tma")  # x is not quantized
+ONE_ROW_TMA = None  # a kernels.gemv_tma.TmaGemvConfig: installed by kernels.ops.configure (--gemv-tma)
 # Rows up to which a shape without an entry takes the FP8 GEMV. Measured on the H200 (e2e/results/
 # gemv-fp8-at-d29891a/): at 1 row it takes 0.42-0.70x the time of quantize + _scaled_mm on the 8B
 # projections, at 4 rows 1.0-1.9x, so from 2 rows on _scaled_mm is taken.
@@ -87,7 +90,7 @@ def choose(rows: int, n: int, k: int, act: str | None, device: torch.device) -> 
     measured = _measured(n, k, act, device)
     for bucket, launch in measured:
         if rows <= bucket:
-            return launch
+            return _tma(launch, rows, k)
     if rows <= FP8_GEMV_MAX_ROWS:
         return Fp8Launch("gemv", gemv_kernels.fp8_launch(rows, n, k, act, device))
     return Fp8Launch("scaled_mm")
@@ -125,5 +128,13 @@ def fused_glu(rows: int, n: int, k: int, device: torch.device) -> Fp8Launch | No
     these rows, or None where the table has none (the MLP then runs gate_up and a fused down)."""
     for bucket, launch in _measured(n, k, "silu_mul_out", device):
         if rows <= bucket:
-            return launch if launch.path == "gemv" else None
+            return _tma(launch, rows, k) if launch.path == "gemv" else None
     return None
+
+
+def _tma(launch: Fp8Launch, rows: int, k: int) -> Fp8Launch:
+    """The TMA GEMV in place of a 1-row weight-only GEMV entry where ONE_ROW_TMA asks for it (its
+    descriptor needs rows of whole 16 bytes); the entry otherwise."""
+    if ONE_ROW_TMA is None or rows != 1 or launch.path != "gemv" or k % 16:
+        return launch
+    return Fp8Launch("gemv_tma", ONE_ROW_TMA)

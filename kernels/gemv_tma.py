@@ -9,8 +9,9 @@ memory, so the loads in flight no longer cost registers, and the threads only wi
 add. The arithmetic is gemv.py's at one row: fp32 products summed over K, the row's float32 scale
 after the sum, a bias, and for a gate|up weight silu(gate) * up in the epilogue (gemv_folds.store_glu).
 
-Only the chain bench (e2e/decode_chain_gpu_bench.py's "tma" variant) runs it until the H200 says
-whether it beats gemv.py; the tests hold it to gemv_ref under Triton's interpreter.
+The engine takes it with --gemv-tma (off: kernels/fp8_dispatch.ONE_ROW_TMA), in place of every
+1-row entry of the weight-only GEMV, and the chain bench as its "tma" variant, until the H200 says
+whether it beats gemv.py; the tests hold it to gemv_ref and gemv.py under Triton's interpreter.
 """
 
 from __future__ import annotations

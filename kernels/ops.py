@@ -143,12 +143,21 @@ _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def configure(enable_gemv: bool = True, fused_rope_kv: bool = True, pdl: bool = False, fold_gemv: bool = True,
-              fold_residual: bool = False, device: torch.device | None = None) -> None:
+              fold_residual: bool = False, gemv_tma: bool = False, device: torch.device | None = None) -> None:
     """Install the engine's kernel choices; the model runner calls it once, when it starts (each
     tensor-parallel worker too), before any kernel runs. pdl (kernels/pdl.py) takes effect only on
     a GPU that has it (an older GPU logs a warning; the CPU needs none)."""
     global GEMV_ENABLED, FUSED_ROPE_KV, FOLD_GLU, FOLD_SUMSQ
     GEMV_ENABLED, FUSED_ROPE_KV, FOLD_GLU, FOLD_SUMSQ = enable_gemv, fused_rope_kv, fold_gemv, fold_residual
+    # the TMA GEMV needs a CUDA GPU; its modules import Triton, which a CPU process never loads for this
+    dispatch = sys.modules.get("pagoda.kernels.fp8_dispatch")
+    if gemv_tma and device is not None and device.type == "cuda":
+        from pagoda.kernels import fp8_dispatch as dispatch
+        from pagoda.kernels.gemv_tma import TmaGemvConfig
+
+        dispatch.ONE_ROW_TMA = TmaGemvConfig()
+    elif dispatch is not None:
+        dispatch.ONE_ROW_TMA = None
     # pdl.py imports Triton: a CPU process never loads it for this
     launch = sys.modules.get("pagoda.kernels.pdl")
     wanted = pdl and device is not None and device.type == "cuda"
@@ -253,6 +262,11 @@ def fp8_gemv(x, weight, weight_scale, bias=None, act=None, config=None, path="ge
     path "gemv" runs kernels/gemv.py, "gemv_fp8" its second version (kernels/gemv_fp8.py). norm (a
     kernels.gemv.GemvNorm), epilogue ("silu_mul") and residual_sumsq (a kernels.gemv.ResidualSumsq)
     are gemv.py's folds: that path only."""
+    if path == "gemv_tma":
+        assert act is None and norm is None and residual_sumsq is None and out is None, "gemv_tma: epilogue only"
+        from pagoda.kernels.gemv_tma import gemv_tma
+
+        return gemv_tma(x, weight, weight_scale, bias, config=config, epilogue=epilogue).view(*x.shape[:-1], -1)
     if path == "gemv_fp8":
         assert norm is None and epilogue is None and residual_sumsq is None, "gemv_fp8 folds nothing"
         from pagoda.kernels.gemv_fp8 import fp8_gemv as triton_fp8_gemv

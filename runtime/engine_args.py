@@ -150,6 +150,10 @@ class EngineArgs:
                                       "residual stream in their GEMV and the next GEMV's RMSNorm takes rstd from "
                                       "their sums of squares (no norm kernel; one rank)",
                                type=bool)
+    # Off until the H200 measures it (e2e/decode_chain_gpu_bench.py's tma variant, run_pdl.sh w2tma).
+    gemv_tma: bool = knob(False, "at one FP8 decode row, the weight-only GEMVs read their weight tiles by TMA into "
+                                 "a shared-memory pipeline (kernels/gemv_tma.py) instead of register loads",
+                          type=bool)
     tp_start_timeout_s: float = knob(1800.0, "seconds tensor-parallel workers may take to load their shards",
                                      type=float, flag="--tp-start-timeout", metavar="SECONDS")
     # vLLM's --runner: pooling serves embeddings (/v1/embeddings, LLM.embed) instead of text.

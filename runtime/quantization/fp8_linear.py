@@ -148,7 +148,7 @@ def glu(layer: nn.Module, x, bias: torch.Tensor | None) -> torch.Tensor | None:
     if not ops.FOLD_GLU or isinstance(x, QuantizedInput):
         return None
     src = x.x if isinstance(x, NormedInput) else x
-    if ops.fp8_path(src, layer.weight, bias).path != "gemv":  # the GEMV's device, dtype, strides
+    if ops.fp8_path(src, layer.weight, bias).path not in ("gemv", "gemv_tma"):  # device, dtype, strides
         return None
     from pagoda.kernels.fp8_dispatch import fused_glu
 
@@ -156,8 +156,10 @@ def glu(layer: nn.Module, x, bias: torch.Tensor | None) -> torch.Tensor | None:
     if launch is None:
         return None
     norm = x.norm if isinstance(x, NormedInput) else None
-    return ops.fp8_gemv(src, layer.weight, layer.weight_scale, bias, config=launch.config, norm=norm,
-                        epilogue="silu_mul")
+    if norm is not None and launch.path != "gemv":  # only gemv.py folds the norm
+        return None
+    return ops.fp8_gemv(src, layer.weight, layer.weight_scale, bias, config=launch.config, path=launch.path,
+                        norm=norm, epilogue="silu_mul")
 
 
 def _matmul(layer, q, scale_a, shape, dtype, bias, launch) -> torch.Tensor:
