@@ -99,7 +99,7 @@ class Chain:
         self.configs = {}  # projection -> GemvConfig overriding the runtime's launch (FP8 only)
         self.folds = frozenset()  # FP8: "norm" (the norms into the next GEMV), "glu" (silu(gate) * up),
         # "sumsq", "tma" (see the docstring)
-        self.tma_config = None  # kernels.gemv_tma.TmaGemvConfig for the "tma" variant (None: its default)
+        self.tma_configs = {}  # projection -> kernels.gemv_tma.TmaGemvConfig for "tma" (absent: its default)
         self.x = torch.randn(1, d["hidden"], device=device).to(bf16)
         self.positions = torch.tensor([d["context"] - 1], device=device)
         half = d["head_dim"] // 2
@@ -137,7 +137,7 @@ class Chain:
             if "tma" in self.folds and act != "silu_mul" and norm is None and add_to is None:
                 from pagoda.kernels.gemv_tma import gemv_tma
 
-                return gemv_tma(x, w, s, config=self.tma_config, epilogue="silu_mul" if act else None)
+                return gemv_tma(x, w, s, config=self.tma_configs.get(name), epilogue="silu_mul" if act else None)
             cfg = self.configs.get(name) or self.runtime_config(name, x)
             if act == "silu_mul_out":
                 return ops.fp8_gemv(x, w, s, config=cfg, norm=norm, epilogue="silu_mul")
@@ -331,23 +331,39 @@ def sweep(torch, chain: Chain, args) -> dict:
 
 
 def tma_sweep(torch, chain: Chain, args) -> dict:
-    """The glu+tma chain, PDL on, with one TMA GEMV tile for all four projections at a time."""
+    """The glu+tma chain, PDL on: each projection's TMA tile over a grid (within --budget-s), the
+    others at their best so far; then the chain at the winners. Prints fp8_dispatch.TMA_TILES entries."""
     from pagoda.kernels.gemv_tma import TmaGemvConfig
 
     chain.folds = frozenset(("glu", "tma"))
+    grid = [TmaGemvConfig(bn, bk, w, st) for bn, bk, st, w in itertools.product((8, 16, 32, 64), (128, 256), (3, 4, 6), (4, 8))]
+    if args.smoke:
+        grid = [TmaGemvConfig(8, 32, 1, 2), TmaGemvConfig(16, 64, 1, 3)]
     out = {}
-    for bn, bk, stages_, warps in itertools.product((8, 16, 32, 64), (128, 256), (3, 4, 6), (4, 8)):
-        cfg = TmaGemvConfig(bn, bk, warps, stages_)
-        chain.tma_config = cfg
-        key = f"{bn}x{bk}/s{stages_}/w{warps}"
-        try:
-            ms, _ = run_chain(torch, chain, True, max(20, args.replays // 4), args.smoke)
-            out[key] = round(ms, 4)
-        except Exception as exc:  # out of shared memory or registers for this tile
-            out[key] = f"{type(exc).__name__}: {str(exc)[:60]}"
-    ranked = sorted((v, k) for k, v in out.items() if isinstance(v, float))
-    print(f"  tma sweep: best {ranked[:5]}", flush=True)
-    chain.tma_config, chain.folds = None, frozenset(("glu",))
+    for name in FOLDED:
+        points, began = [], time.perf_counter()
+        for cfg in grid:
+            if time.perf_counter() - began > args.budget_s:
+                break
+            chain.tma_configs[name] = cfg
+            try:
+                ms, _ = run_chain(torch, chain, True, max(20, args.replays // 4), args.smoke)
+            except Exception as exc:  # out of shared memory or registers for this tile
+                print(f"  tma {name} {cfg}: {type(exc).__name__}: {str(exc)[:80]}")
+                continue
+            points.append((ms if ms is not None else 0.0, cfg))
+        points.sort(key=lambda p: p[0])
+        chain.tma_configs[name] = points[0][1]
+        out[name] = dict(tried=len(points), best=[dict(ms=round(ms, 4), config=dataclasses.asdict(c)) for ms, c in points[:6]])
+        print(f"  tma {name}: best of {len(points)} {out[name]['best'][0]}", flush=True)
+    for on in (False, True):
+        ms, _ = run_chain(torch, chain, on, args.replays, args.smoke)
+        out[f"best_pdl_{'on' if on else 'off'}_ms"] = ms and round(ms, 4)
+    for name, cfg in chain.tma_configs.items():
+        n, k, act = SHAPES[name]
+        print(f"    ({n // 2 if act == 'silu_mul_out' else n}, {k}, {act!r}): {cfg},")
+    print(f"  tma at the swept tiles: off {out['best_pdl_off_ms']} on {out['best_pdl_on_ms']}", flush=True)
+    chain.tma_configs, chain.folds = {}, frozenset(("glu",))
     return out
 
 
@@ -414,7 +430,7 @@ def main(argv=None) -> int:
         if args.profile and not args.smoke:
             res["profile"] = profile(torch, chain)
             print(json.dumps(dict(list(res["profile"].items())[:14]), indent=0), flush=True)
-        if dtype == "fp8" and args.tma_sweep and not args.smoke:
+        if dtype == "fp8" and args.tma_sweep:
             res["tma_sweep"] = tma_sweep(torch, chain, args)
         if dtype == "fp8" and args.stages and not args.smoke:
             res["stages"] = stages(torch, chain, args)

@@ -33,6 +33,9 @@ from pagoda.kernels.scaled_gemv import ScaledGemvConfig
 PATHS = ("gemv", "gemv_fp8", "gemv_tma", "scaled_gemv", "scaled_mm")
 WEIGHT_ONLY = ("gemv", "gemv_fp8", "gemv_tma")  # x is not quantized
 ONE_ROW_TMA = None  # a kernels.gemv_tma.TmaGemvConfig: installed by kernels.ops.configure (--gemv-tma)
+# (N, K, act) -> the TMA GEMV's tile for that 1-row shape, from decode_chain_gpu_bench.py --tma-sweep
+# on the H200 (none measured yet: every shape takes ONE_ROW_TMA's default tile).
+TMA_TILES: dict = {}
 # Rows up to which a shape without an entry takes the FP8 GEMV. Measured on the H200 (e2e/results/
 # gemv-fp8-at-d29891a/): at 1 row it takes 0.42-0.70x the time of quantize + _scaled_mm on the 8B
 # projections, at 4 rows 1.0-1.9x, so from 2 rows on _scaled_mm is taken.
@@ -90,7 +93,7 @@ def choose(rows: int, n: int, k: int, act: str | None, device: torch.device) -> 
     measured = _measured(n, k, act, device)
     for bucket, launch in measured:
         if rows <= bucket:
-            return _tma(launch, rows, k)
+            return _tma(launch, rows, n, k, act)
     if rows <= FP8_GEMV_MAX_ROWS:
         return Fp8Launch("gemv", gemv_kernels.fp8_launch(rows, n, k, act, device))
     return Fp8Launch("scaled_mm")
@@ -128,13 +131,14 @@ def fused_glu(rows: int, n: int, k: int, device: torch.device) -> Fp8Launch | No
     these rows, or None where the table has none (the MLP then runs gate_up and a fused down)."""
     for bucket, launch in _measured(n, k, "silu_mul_out", device):
         if rows <= bucket:
-            return _tma(launch, rows, k) if launch.path == "gemv" else None
+            return _tma(launch, rows, n, k, "silu_mul_out") if launch.path == "gemv" else None
     return None
 
 
-def _tma(launch: Fp8Launch, rows: int, k: int) -> Fp8Launch:
+def _tma(launch: Fp8Launch, rows: int, n: int, k: int, act: str | None) -> Fp8Launch:
     """The TMA GEMV in place of a 1-row weight-only GEMV entry where ONE_ROW_TMA asks for it (its
-    descriptor needs rows of whole 16 bytes); the entry otherwise."""
-    if ONE_ROW_TMA is None or rows != 1 or launch.path != "gemv" or k % 16:
+    descriptor needs rows of whole 16 bytes; it takes no silu_mul input): at TMA_TILES' tile for the
+    shape, else ONE_ROW_TMA's. The entry otherwise."""
+    if ONE_ROW_TMA is None or rows != 1 or launch.path != "gemv" or k % 16 or act == "silu_mul":
         return launch
-    return Fp8Launch("gemv_tma", ONE_ROW_TMA)
+    return Fp8Launch("gemv_tma", TMA_TILES.get((n, k, act), ONE_ROW_TMA))

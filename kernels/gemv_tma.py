@@ -70,6 +70,19 @@ def _gemv_tma_kernel(
         tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=rows < N)
 
 
+def _descriptor(weight: torch.Tensor, block_n: int, block_k: int) -> TensorDescriptor:
+    """The weight's descriptor for a tile, built once and kept on the weight tensor itself (eager
+    decode calls every GEMV each step): it goes when the weight goes, and a weight whose storage is
+    replaced in place (a reload) gets a new one."""
+    cache = weight.__dict__.setdefault("_tma_descriptors", {})
+    key = (weight.data_ptr(), block_n, block_k)
+    if any(k[0] != key[0] for k in cache):  # new storage: drop the old one's (they hold it alive)
+        cache.clear()
+    if key not in cache:
+        cache[key] = TensorDescriptor.from_tensor(weight, block_shape=[block_n, block_k])
+    return cache[key]
+
+
 def gemv_tma(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None = None,
              bias: torch.Tensor | None = None, config: TmaGemvConfig | None = None,
              epilogue: str | None = None) -> torch.Tensor:
@@ -85,7 +98,7 @@ def gemv_tma(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor |
     n = weight.shape[0] // 2 if glu else weight.shape[0]
     x = x.reshape(-1).contiguous()
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    desc = TensorDescriptor.from_tensor(weight, block_shape=[cfg.block_n, cfg.block_k])
+    desc = _descriptor(weight, cfg.block_n, cfg.block_k)
     has_scale = weight_scale is not None
     _gemv_tma_kernel[(triton.cdiv(n, cfg.block_n),)](
         desc, x, weight_scale if has_scale else x, bias if bias is not None else x, out, n, k,

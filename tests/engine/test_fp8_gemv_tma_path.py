@@ -81,3 +81,28 @@ def test_only_a_cuda_device_installs_it(monkeypatch):
     monkeypatch.setattr(fp8_dispatch, "ONE_ROW_TMA", TMA)
     ops.configure(gemv_tma=True, device=torch.device("cpu"))
     assert fp8_dispatch.ONE_ROW_TMA is None
+
+
+def test_without_the_glu_fold_down_keeps_gemv_py_for_its_silu_input(tma_calls, monkeypatch):
+    """gemv_tma takes no silu_mul input: with --no-fold-gemv, gate_up runs it plain and down_proj,
+    which computes SiLU from gate|up as it reads them, stays on gemv.py."""
+    torch.manual_seed(2)
+    monkeypatch.setattr(ops, "FOLD_GLU", False)
+    monkeypatch.setitem(fp8_dispatch.FP8_SMALL_M, (1, 2 * INTER, HIDDEN, None), Fp8Launch("gemv", LAUNCH))
+    mlp = LlamaMLP(SimpleNamespace(hidden_size=HIDDEN, intermediate_size=INTER))
+    quantized(mlp.gate_up_proj), quantized(mlp.down_proj)
+    x = torch.randn(1, HIDDEN).to(DTYPE)
+    want = mlp(x)
+    monkeypatch.setattr(fp8_dispatch, "ONE_ROW_TMA", TMA)
+    got = mlp(x)
+    assert tma_calls == [(2 * INTER, None, TMA)]
+    assert fp8_dispatch.choose(1, HIDDEN, INTER, "silu_mul", torch.device("cpu")).path == "gemv"
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_a_measured_tile_overrides_the_default(tma_calls, monkeypatch):
+    tile = TmaGemvConfig(block_n=16, block_k=64, num_warps=4, num_stages=3)
+    monkeypatch.setattr(fp8_dispatch, "ONE_ROW_TMA", TMA)
+    monkeypatch.setattr(fp8_dispatch, "TMA_TILES", {(QKV, HIDDEN, None): tile})
+    assert fp8_dispatch.choose(1, QKV, HIDDEN, None, torch.device("cpu")).config == tile
+    assert fp8_dispatch.choose(1, HIDDEN, INTER, None, torch.device("cpu")).config == TMA

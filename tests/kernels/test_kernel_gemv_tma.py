@@ -59,3 +59,15 @@ def test_bad_launches_are_refused():
         gemv_tma(torch.zeros(1, 24), w, config=TmaGemvConfig(block_n=512))
     with pytest.raises(AssertionError, match="TMA strides"):
         gemv_tma(torch.zeros(1, 6), torch.zeros(16, 6, dtype=torch.bfloat16))
+
+
+def test_a_weight_keeps_one_descriptor_per_tile_and_drops_them_with_new_storage():
+    from pagoda.kernels.gemv_tma import _descriptor
+
+    w = torch.zeros(16, 32)
+    a = _descriptor(w, 8, 16)
+    assert _descriptor(w, 8, 16) is a and _descriptor(w, 16, 16) is not a
+    w.data = torch.ones(16, 32)  # a reload in place
+    b = _descriptor(w, 8, 16)
+    assert b is not a and len(w._tma_descriptors) == 1
+    torch.testing.assert_close(gemv_tma(torch.ones(1, 32), w, config=TmaGemvConfig(8, 16, 1, 2)), torch.full((1, 16), 32.0))
