@@ -59,6 +59,7 @@ def _gemv_tma_kernel(
         acc += w * x[None, :]
         if GLU_OUT:
             acc_up += w_desc.load([N + n0, k]).to(tl.float32) * x[None, :]
+    pdl.wait(PDL)  # kernels/pdl.py's contract: waited before any write, whatever K is (a no-op by now)
     if GLU_OUT:
         store_glu(out_ptr, acc, acc_up, rows, scale_ptr, bias_ptr, N, HAS_SCALE, SCALE_PER_ROW, HAS_BIAS)
     else:
