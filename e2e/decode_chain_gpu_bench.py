@@ -303,30 +303,34 @@ def run_variants(torch, chain: Chain, args) -> dict:
     return res
 
 
+def fastest(torch, chain: Chain, args, name: str, tiles, table: dict) -> dict:
+    """Times the chain, PDL on, with table[name] (chain.configs or chain.tma_configs) at each of
+    `tiles` in turn, within --budget-s, and leaves the fastest there: the tried count and the best six."""
+    points, began = [], time.perf_counter()
+    for cfg in tiles:
+        if time.perf_counter() - began > args.budget_s:
+            break
+        table[name] = cfg
+        try:
+            ms, _ = run_chain(torch, chain, True, max(20, args.replays // 4), args.smoke)
+        except Exception as exc:  # out of registers or shared memory for this tile
+            print(f"  {name} {cfg}: {type(exc).__name__}: {str(exc)[:80]}")
+            continue
+        points.append((ms if ms is not None else 0.0, cfg))
+    points.sort(key=lambda p: p[0])
+    table[name] = points[0][1]
+    best = [dict(ms=round(ms, 4), config=dataclasses.asdict(cfg)) for ms, cfg in points[:6]]
+    print(f"  {name}: best of {len(points)} {best[0]}", flush=True)
+    return dict(tried=len(points), best=best)
+
+
 def sweep(torch, chain: Chain, args) -> dict:
     """Each folded projection's launch over candidates(), PDL on, the others at their best so far."""
     out = {}
     for name in FOLDED:
-        points = []
-        n, k, act = SHAPES[name]
-        x = chain.x.new_empty(1, k)
-        runtime = None if args.smoke else chain.runtime_config(name, x)
-        began = time.perf_counter()
-        for cfg in candidates(name, args.smoke, runtime):
-            if time.perf_counter() - began > args.budget_s:
-                break
-            chain.configs[name] = cfg
-            try:
-                ms, _ = run_chain(torch, chain, True, max(20, args.replays // 4), args.smoke)
-            except Exception as exc:  # out of registers or shared memory for this tile
-                print(f"  {name} {cfg}: {type(exc).__name__}: {str(exc)[:80]}")
-                continue
-            points.append((ms if ms is not None else 0.0, cfg))
-        points.sort(key=lambda p: p[0])
-        chain.configs[name] = points[0][1]
-        out[name] = dict(tried=len(points), runtime=runtime and dataclasses.asdict(runtime),
-                         best=[dict(ms=round(ms, 4), config=dataclasses.asdict(cfg)) for ms, cfg in points[:6]])
-        print(f"  {name}: best of {len(points)} {out[name]['best'][0]}", flush=True)
+        runtime = None if args.smoke else chain.runtime_config(name, chain.x.new_empty(1, SHAPES[name][1]))
+        out[name] = dict(runtime=runtime and dataclasses.asdict(runtime),
+                         **fastest(torch, chain, args, name, candidates(name, args.smoke, runtime), chain.configs))
     return out
 
 
@@ -339,29 +343,12 @@ def tma_sweep(torch, chain: Chain, args) -> dict:
     grid = [TmaGemvConfig(bn, bk, w, st) for bn, bk, st, w in itertools.product((8, 16, 32, 64), (128, 256), (3, 4, 6), (4, 8))]
     if args.smoke:
         grid = [TmaGemvConfig(8, 32, 1, 2), TmaGemvConfig(16, 64, 1, 3)]
-    out = {}
-    for name in FOLDED:
-        points, began = [], time.perf_counter()
-        for cfg in grid:
-            if time.perf_counter() - began > args.budget_s:
-                break
-            chain.tma_configs[name] = cfg
-            try:
-                ms, _ = run_chain(torch, chain, True, max(20, args.replays // 4), args.smoke)
-            except Exception as exc:  # out of shared memory or registers for this tile
-                print(f"  tma {name} {cfg}: {type(exc).__name__}: {str(exc)[:80]}")
-                continue
-            points.append((ms if ms is not None else 0.0, cfg))
-        points.sort(key=lambda p: p[0])
-        chain.tma_configs[name] = points[0][1]
-        out[name] = dict(tried=len(points), best=[dict(ms=round(ms, 4), config=dataclasses.asdict(c)) for ms, c in points[:6]])
-        print(f"  tma {name}: best of {len(points)} {out[name]['best'][0]}", flush=True)
+    out = {name: fastest(torch, chain, args, name, grid, chain.tma_configs) for name in FOLDED}
     for on in (False, True):
         ms, _ = run_chain(torch, chain, on, args.replays, args.smoke)
         out[f"best_pdl_{'on' if on else 'off'}_ms"] = ms and round(ms, 4)
-    for name, cfg in chain.tma_configs.items():
-        n, k, act = SHAPES[name]
-        print(f"    ({n // 2 if act == 'silu_mul_out' else n}, {k}, {act!r}): {cfg},")
+    for name, cfg in chain.tma_configs.items():  # keyed as fp8_dispatch looks them up: the weight's N
+        print(f"    {SHAPES[name]}: {cfg},")
     print(f"  tma at the swept tiles: off {out['best_pdl_off_ms']} on {out['best_pdl_on_ms']}", flush=True)
     chain.tma_configs, chain.folds = {}, frozenset(("glu",))
     return out

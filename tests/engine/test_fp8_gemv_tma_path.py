@@ -103,6 +103,8 @@ def test_without_the_glu_fold_down_keeps_gemv_py_for_its_silu_input(tma_calls, m
 def test_a_measured_tile_overrides_the_default(tma_calls, monkeypatch):
     tile = TmaGemvConfig(block_n=16, block_k=64, num_warps=4, num_stages=3)
     monkeypatch.setattr(fp8_dispatch, "ONE_ROW_TMA", TMA)
-    monkeypatch.setattr(fp8_dispatch, "TMA_TILES", {(QKV, HIDDEN, None): tile})
+    monkeypatch.setattr(fp8_dispatch, "TMA_TILES", {(QKV, HIDDEN, None): tile,
+                                                    (2 * INTER, HIDDEN, "silu_mul_out"): tile})  # gate|up's N
     assert fp8_dispatch.choose(1, QKV, HIDDEN, None, torch.device("cpu")).config == tile
+    assert fp8_dispatch.fused_glu(1, 2 * INTER, HIDDEN, torch.device("cpu")).config == tile
     assert fp8_dispatch.choose(1, HIDDEN, INTER, None, torch.device("cpu")).config == TMA
