@@ -17,7 +17,7 @@ import torch  # noqa: E402
 
 _TRITON_MODULES = [  # dependency order: attention_dot first
     "attention_dot", "fp8_cast", "kv_cache", "norm", "rotary", "rotary_kv_cache", "activation", "paged_attention_decode",
-    "paged_attention_prefill", "sampling", "fused_moe", "gemv", "gemv_fp8", "gemv_tma", "quant_fp8", "norm_quant", "scaled_gemv",
+    "paged_attention_prefill", "sampling", "fused_moe", "gemv", "gemv_fp8", "gemv_tma", "gemv_rope", "quant_fp8", "norm_quant", "scaled_gemv",
 ]
 for _name in _TRITON_MODULES:
     if f"pagoda.kernels.{_name}" in sys.modules:
