@@ -19,7 +19,8 @@ The 32 layers are captured as one CUDA graph and replayed; the figure is the med
   the row for rstd; "sumsq", the same from sums of squares that o_proj and down write as they add
   to the residual stream; "glu", silu(gate) * up in gate_up's epilogue and a plain down GEMV, the
   engine's --fold-gemv; "tma", every GEMV the one-row TMA kernel of kernels/gemv_tma.py, paired
-  with glu) and the decode attention's
+  with glu; "rope", the qkv GEMV rotating q and k and writing the cache in its epilogue,
+  kernels/gemv_rope.py, the engine's --fold-rope-kv, FP8 and bf16) and the decode attention's
   merge in its own kernel (kernels/paged_attention_decode.FUSED_MERGE), each on and off, PDL off and
   on; the folds change the rounding of rstd only, so their output is compared, not bit for bit.
 - sweep (FP8, PDL on, the engine's default folds: glu): each projection's GEMV launch over a grid
@@ -150,6 +151,23 @@ class Chain:
         (w,) = layer[name]
         return ops.silu_and_mul_linear(x, w) if act else ops.linear(x, w)
 
+    def rope_qkv(self, layer, h, kc, vc):
+        """The rotated query of the qkv GEMV with rotary and the cache write in its epilogue
+        (kernels/gemv_rope.py, the engine's --fold-rope-kv), at the runtime's qkv launch, one split."""
+        from pagoda.kernels import gemv as gemv_kernels
+        from pagoda.kernels.gemv_rope import RopeKv, gemv_rope_kv
+
+        d = self.d
+        w, s = layer["qkv_proj"] if self.fp8 else (layer["qkv_proj"][0], None)
+        n, k = w.shape
+        cfg = self.configs.get("qkv_proj") if self.fp8 else None
+        if cfg is None and h.is_cuda:
+            cfg = self.runtime_config("qkv_proj", h) if self.fp8 else gemv_kernels.measured_win(1, n, k, None, h.device)
+        cfg = cfg or gemv_kernels.gemv_config(1, n, k, weight_bytes=1 if self.fp8 else 2)
+        cfg = dataclasses.replace(cfg, split_k=1, block_n=min(cfg.block_n, d["head_dim"] // 2))
+        rope = RopeKv(self.positions, self.cos_sin, kc, vc, self.slot, d["heads"], d["kv_heads"])
+        return gemv_rope_kv(h, w, None, rope, weight_scale=s, config=cfg).view(1, d["heads"], d["head_dim"])
+
     def normed(self, x, weight, residual):
         """(the next GEMV's input, its norm fold or None, the residual stream after the norm)."""
         from pagoda.kernels import ops
@@ -177,13 +195,16 @@ class Chain:
             else:
                 h, norm, residual = self.normed(x, layer["norms"][0], residual)
                 residual = residual.clone() if summed else residual  # the stream is written in place
-            qkv = self.linear(layer, "qkv_proj", h, norm)
-            q_end, k_end = d["heads"] * d["head_dim"], (d["heads"] + d["kv_heads"]) * d["head_dim"]
-            q = qkv[:, :q_end].view(1, d["heads"], d["head_dim"])
-            k = qkv[:, q_end:k_end].view(1, d["kv_heads"], d["head_dim"])
-            v = qkv[:, k_end:].view(1, d["kv_heads"], d["head_dim"])
             kc, vc = layer["cache"]
-            q = ops.rotary_kv_cache(self.positions, q, k, v, self.cos_sin, kc, vc, self.slot)
+            if "rope" in self.folds and norm is None:  # one kernel: qkv, rotary and the cache write
+                q = self.rope_qkv(layer, h, kc, vc)
+            else:
+                qkv = self.linear(layer, "qkv_proj", h, norm)
+                q_end, k_end = d["heads"] * d["head_dim"], (d["heads"] + d["kv_heads"]) * d["head_dim"]
+                q = qkv[:, :q_end].view(1, d["heads"], d["head_dim"])
+                k = qkv[:, q_end:k_end].view(1, d["kv_heads"], d["head_dim"])
+                v = qkv[:, k_end:].view(1, d["kv_heads"], d["head_dim"])
+                q = ops.rotary_kv_cache(self.positions, q, k, v, self.cos_sin, kc, vc, self.slot)
             attn = paged_attention_decode(q, kc, vc, self.block_tables, self.seq_lens, self.qsl,
                                           d["head_dim"] ** -0.5, max_seq_len=d["context"])
             if summed:
@@ -277,9 +298,12 @@ def run_variants(torch, chain: Chain, args) -> dict:
     largest difference of each setting's output from the unfolded two-kernel-merge chain's."""
     merge = merge_switch()
     res, base = {}, None
-    fold_sets = ((), ("norm",), ("glu",), ("norm", "glu"), ("sumsq",), ("sumsq", "glu")) if chain.fp8 else ((),)
-    if args.variants and chain.fp8:
-        fold_sets = tuple(() if v == "none" else tuple(v.split("+")) for v in args.variants.split(","))
+    fold_sets = (((), ("norm",), ("glu",), ("norm", "glu"), ("sumsq",), ("sumsq", "glu"), ("glu", "rope"))
+                 if chain.fp8 else ((), ("rope",)))
+    if args.variants:
+        asked = tuple(() if v == "none" else tuple(v.split("+")) for v in args.variants.split(","))
+        # bf16 layers take the rope fold only (the others are FP8 GEMV epilogues)
+        fold_sets = asked if chain.fp8 else tuple(f for f in asked if set(f) <= {"rope"}) or fold_sets
     merges = {"kernel": (False,), "fused": (True,), "both": (False, True)}[args.merge]
     for folds in fold_sets:
         for fused_merge in (merges if merge else (False,)):

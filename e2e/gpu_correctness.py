@@ -275,12 +275,15 @@ def main(argv=None) -> int:
     parser.add_argument("--max-mixed-graph-tokens", type=int, default=None,
                         help="largest mixed step replayed as piecewise graphs (the engine's default if not given)")
     parser.add_argument("--enable-pdl", action="store_true", help="the engine's --enable-pdl (kernels/pdl.py)")
+    parser.add_argument("--fold-rope-kv", action="store_true", help="the engine's --fold-rope-kv (kernels/gemv_rope.py)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script only)")
     args = parser.parse_args(argv)
     if args.max_mixed_graph_tokens is not None:
         ENGINE_KNOBS["max_mixed_graph_tokens"] = args.max_mixed_graph_tokens
     if args.enable_pdl:
         ENGINE_KNOBS["enable_pdl"] = True
+    if args.fold_rope_kv:
+        ENGINE_KNOBS["fold_rope_kv"] = True
     shapes = {k: dict(v) for k, v in SHAPES.items()}
     shapes["llama-3.1-8b"]["num_hidden_layers"] = args.llama_layers
     if args.smoke:

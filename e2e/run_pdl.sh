@@ -10,6 +10,8 @@
 #     w2fold       W2 FP8 with --no-fold-gemv, then with --fold-gemv against it
 #     w2residual   W2 FP8 with --no-fold-residual, then with --fold-residual against it
 #     w2tma        W2 FP8 with --no-gemv-tma, then with --gemv-tma against it
+#     w2rope       W2 FP8 with --no-fold-rope-kv, then with --fold-rope-kv against it (kernels/gemv_rope.py)
+#     w2ropebf16   the same with bf16 weights
 #     w2bf16       W2 bf16 once, at the defaults
 #     w2fp8once    W2 FP8 once, at the defaults
 #     attention    e2e/decode_attention_w2_bench.py: W2's decode attention (one sequence) over splits and tiles
@@ -19,6 +21,7 @@
 #     fp8correct   e2e/gpu_fp8.py at the defaults: FP8 and FP8+FP8-KV logits against transformers
 #     correctness  e2e/gpu_correctness.py --enable-pdl (8 layers of the 8B shape and the 0.5B shape against
 #                  transformers, graphs against eager)
+#     correctrope  the same with --fold-rope-kv
 #
 # ENGINE_ARGS go to every engine, CHAIN_ARGS (say "--no-sweep") to the chain bench. Needs e2e/gpu_env.sh's set-up (the carried .whl/) and PAGODA_COMMIT.
 # OUT_DIR/all.tgz is re-packed after every stage, so a call cut off by its limit still brings back what finished.
@@ -58,12 +61,14 @@ w2() {  # [--quantization fp8]: off, then on against it
         --out "$RES" || return 1
     mark "$tag" on
 }
-w2ab() {  # KNOB: W2 FP8 with --no-KNOB, then --KNOB against it (PDL on both times); files end in -[no-]KNOB
-    local tag=W2-pagoda-fp8 flag f
+w2ab() {  # KNOB: W2 FP8 (W2AB_BF16=1: bf16) with --no-KNOB, then --KNOB against it (PDL on both times); files
+    # end in -[no-]KNOB
+    local tag=W2-pagoda-fp8 quant=(--quantization fp8) flag f
+    [ "${W2AB_BF16:-0}" = 1 ] && tag=W2-pagoda quant=()
     for flag in "no-$1" "$1"; do
         # shellcheck disable=SC2086
         timeout 150 "$PY" -m pagoda.runtime.cli bench latency --backend pagoda --model w1 --warmup-iters 2 --iters 5 \
-            --quantization fp8 --"$flag" ${ENGINE_ARGS:-} \
+            "${quant[@]}" --"$flag" ${ENGINE_ARGS:-} \
             $([ "$flag" = "$1" ] && echo --peer-result "$(ls -t "$RES/$tag"-2*-no-"$1".json | head -n 1)") \
             --out "$RES" || return 1
         f=$(ls -t "$RES/$tag"-2*.json | grep -v -- "-$1.json" | head -n 1)
@@ -87,6 +92,8 @@ for s in "${STAGES[@]}"; do
         w2fold) stage w2-fold w2ab fold-gemv ;;
         w2residual) stage w2-residual w2ab fold-residual ;;
         w2tma) stage w2-tma w2ab gemv-tma ;;
+        w2rope) stage w2-rope w2ab fold-rope-kv ;;
+        w2ropebf16) W2AB_BF16=1 stage w2-rope-bf16 w2ab fold-rope-kv ;;
         w2bf16) stage w2-bf16 timeout 150 "$PY" -m pagoda.runtime.cli bench latency --backend pagoda --model w1 \
             --warmup-iters 2 --iters 5 ${ENGINE_ARGS:-} --out "$RES" ;;
         w2fp8once) stage w2-fp8-once timeout 150 "$PY" -m pagoda.runtime.cli bench latency --backend pagoda --model w1 \
@@ -100,6 +107,8 @@ for s in "${STAGES[@]}"; do
             --out "$RES/gpu-fp8-correctness-${PAGODA_COMMIT:-local}.json" ;;
         correctness) stage correctness timeout 300 "$PY" e2e/gpu_correctness.py --enable-pdl --llama-layers 8 \
             --out "$RES/gpu-correctness-pdl-${PAGODA_COMMIT:-local}.json" ;;
+        correctrope) stage correctness-rope timeout 300 "$PY" e2e/gpu_correctness.py --enable-pdl --fold-rope-kv \
+            --llama-layers 8 --out "$RES/gpu-correctness-rope-${PAGODA_COMMIT:-local}.json" ;;
         *) echo "unknown stage $s"; exit 2 ;;
     esac
 done

@@ -135,6 +135,17 @@ def fused_glu(rows: int, n: int, k: int, device: torch.device) -> Fp8Launch | No
     return None
 
 
+def fused_rope_kv(n: int, k: int, device: torch.device) -> GemvConfig | None:
+    """The launch of the one-row qkv [N, K] GEMV with rotary and the cache write in its epilogue
+    (kernels/gemv_rope.py): the table's 1-row weight-only gemv.py entry for the product, where it
+    runs one K split (the epilogue needs whole sums); None otherwise. With --gemv-tma as well, the
+    fold keeps gemv.py's loop: the TMA kernel has no such epilogue."""
+    for bucket, launch in _measured(n, k, None, device):
+        if bucket == 1 and launch.path == "gemv" and launch.config.split_k == 1:
+            return launch.config
+    return None
+
+
 def _tma(launch: Fp8Launch, rows: int, n: int, k: int, act: str | None) -> Fp8Launch:
     """The TMA GEMV in place of a 1-row weight-only GEMV entry where ONE_ROW_TMA asks for it (its
     descriptor needs rows of whole 16 bytes; it takes no silu_mul input): at TMA_TILES' tile for the

@@ -143,12 +143,14 @@ _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def configure(enable_gemv: bool = True, fused_rope_kv: bool = True, pdl: bool = False, fold_gemv: bool = True,
-              fold_residual: bool = False, gemv_tma: bool = False, device: torch.device | None = None) -> None:
+              fold_residual: bool = False, gemv_tma: bool = False, fold_rope_kv: bool = False,
+              device: torch.device | None = None) -> None:
     """Install the engine's kernel choices; the model runner calls it once, when it starts (each
     tensor-parallel worker too), before any kernel runs. pdl (kernels/pdl.py) takes effect only on
     a GPU that has it (an older GPU logs a warning; the CPU needs none)."""
-    global GEMV_ENABLED, FUSED_ROPE_KV, FOLD_GLU, FOLD_SUMSQ
+    global GEMV_ENABLED, FUSED_ROPE_KV, FOLD_GLU, FOLD_SUMSQ, FOLD_ROPE_KV
     GEMV_ENABLED, FUSED_ROPE_KV, FOLD_GLU, FOLD_SUMSQ = enable_gemv, fused_rope_kv, fold_gemv, fold_residual
+    FOLD_ROPE_KV = fold_rope_kv
     # the TMA GEMV needs a CUDA GPU; its modules import Triton, which a CPU process never loads for this
     dispatch = sys.modules.get("pagoda.kernels.fp8_dispatch")
     if gemv_tma and device is not None and device.type == "cuda":
@@ -236,6 +238,40 @@ FOLD_GLU = True
 # kernel runs (runtime/quantization/fp8_residual.py). The engine's --fold-residual, off: it made the
 # 8B FP8 chain 2.518 -> 2.578 ms and W2 2.758 -> 2.947 ms on the H200 (e2e/results/folds-b682c20/).
 FOLD_SUMSQ = False
+
+
+# At one decode row the qkv GEMV may rotate q and k and write k and v to their cache slot in its
+# epilogue (kernels/gemv_rope.py), so rotary_kv_cache does not run: a launch and its PDL hand-over
+# fewer per layer. The engine's --fold-rope-kv, installed by configure(); off until the H200 says.
+FOLD_ROPE_KV = False
+
+
+def gemv_rope_kv(x, weight, bias, weight_scale, *, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+                 num_heads, num_kv_heads, k_scale=1.0, v_scale=1.0):
+    """The rotated query [1, num_heads * head_dim] of qkv = x @ weight^T (+ bias; an FP8 weight times
+    weight_scale), its key and value written to slot_mapping[0] of the caches, from one kernel; or
+    None where that fold does not take this call (FOLD_ROPE_KV off, not one row on the GPU, no
+    measured one-split GEMV launch for the shape), and the caller runs the projection and
+    rotary_kv_cache. Like fp8_path, it reads shapes and dtypes only: a captured graph keeps it."""
+    if not FOLD_ROPE_KV or x.dim() == 0 or x.shape[-1] == 0 or x.numel() != x.shape[-1] or not _on_gpu(x):
+        return None
+    if weight_scale is not None:
+        if fp8_path(x, weight, bias).path not in ("gemv", "gemv_tma"):
+            return None
+        from pagoda.kernels.fp8_dispatch import fused_rope_kv
+
+        config = fused_rope_kv(weight.shape[0], weight.shape[1], x.device)
+    else:
+        config = _gemv_launch(x, weight, bias, None)
+    head_dim = weight.shape[0] // (num_heads + 2 * num_kv_heads)
+    if (config is None or config.split_k != 1 or (head_dim // 2) % config.block_n
+            or cos_sin_cache.shape[-1] != head_dim or x.stride(-1) != 1):
+        return None
+    from pagoda.kernels.gemv_rope import RopeKv
+    from pagoda.kernels.gemv_rope import gemv_rope_kv as triton_gemv_rope_kv
+
+    rope = RopeKv(positions, cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads, k_scale, v_scale)
+    return triton_gemv_rope_kv(x, weight, bias, rope, weight_scale=weight_scale, config=config)
 
 
 def fp8_path(x, weight, bias=None, act=None):

@@ -154,6 +154,11 @@ class EngineArgs:
     gemv_tma: bool = knob(False, "at one FP8 decode row, the weight-only GEMVs read their weight tiles by TMA into "
                                  "a shared-memory pipeline (kernels/gemv_tma.py) instead of register loads",
                           type=bool)
+    # Off until the H200 measures it (decode_chain_gpu_bench.py's rope variant, run_pdl.sh w2rope).
+    fold_rope_kv: bool = knob(False, "at one decode row (bf16 or FP8 weights), the qkv GEMV rotates q and k and "
+                                     "writes k and v to the KV cache in its epilogue (kernels/gemv_rope.py), so no "
+                                     "rotary kernel runs",
+                              type=bool)
     tp_start_timeout_s: float = knob(1800.0, "seconds tensor-parallel workers may take to load their shards",
                                      type=float, flag="--tp-start-timeout", metavar="SECONDS")
     # vLLM's --runner: pooling serves embeddings (/v1/embeddings, LLM.embed) instead of text.

@@ -54,15 +54,24 @@ class Attention(nn.Module):
         ctx = get_context()
         rows = q.shape[0]
         n = rows if ctx.num_tokens is None else ctx.num_tokens
+        if n < rows:
+            q, k, v, positions = q[:n], k[:n], v[:n], positions[:n]
+        k_scale, v_scale = self._cache_scales()
+        q = ops.rotary_kv_cache(positions, q, k, v, cos_sin_cache, self.k_cache, self.v_cache,
+                                ctx.slot_mapping[:n], k_scale, v_scale)
+        return self.attend_rotated(q, rows, out)
+
+    def attend_rotated(self, q: torch.Tensor, rows: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of the rotated query q [n, heads, head_dim] over the cache, which holds this
+        step's keys and values already; the result in out [rows, heads * head_dim] (rows >= n;
+        rows past n are zeros, or what out held)."""
+        ctx = get_context()
+        n = q.shape[0]
+        rows = n if rows is None else rows
         if out is None:
             out = (torch.empty if n == rows else torch.zeros)(rows, self.num_heads * self.head_dim, dtype=q.dtype,
                                                               device=q.device)
-        if n < rows:
-            q, k, v, positions = q[:n], k[:n], v[:n], positions[:n]
-        # the scales belong to an FP8 cache only; a bf16/fp32 cache holds k and v as they are
-        k_scale, v_scale = (self.k_scale, self.v_scale) if self.k_cache.dtype == torch.float8_e4m3fn else (1.0, 1.0)
-        q = ops.rotary_kv_cache(positions, q, k, v, cos_sin_cache, self.k_cache, self.v_cache,
-                                ctx.slot_mapping[:n], k_scale, v_scale)
+        k_scale, v_scale = self._cache_scales()
         result = ops.paged_attention(
             q,
             self.k_cache,
@@ -83,3 +92,24 @@ class Attention(nn.Module):
         if result.data_ptr() != out.data_ptr():  # the CPU reference returns a tensor of its own
             out[:n] = result.reshape(n, -1)
         return out
+
+    def project_rotated(self, qkv_proj, hidden: torch.Tensor, positions: torch.Tensor,
+                        cos_sin_cache: torch.Tensor) -> torch.Tensor | None:
+        """The rotated query [1, heads, head_dim] of one decode row straight from qkv_proj's kernel,
+        which has written this row's key and value to the cache too (ops.gemv_rope_kv); None where
+        that fold does not apply, and the caller projects, then attends. Not while mixed-step
+        graphs are captured (attention runs between their pieces), nor before the cache is bound."""
+        if not ops.FOLD_ROPE_KV or get_splitter() is not None or self.k_cache.numel() == 0:
+            return None
+        ctx = get_context()
+        if ctx.num_tokens not in (None, 1):
+            return None
+        k_scale, v_scale = self._cache_scales()
+        q = qkv_proj.forward_rope_kv(hidden, positions=positions, cos_sin_cache=cos_sin_cache, k_cache=self.k_cache,
+                                     v_cache=self.v_cache, slot_mapping=ctx.slot_mapping, k_scale=k_scale,
+                                     v_scale=v_scale)
+        return None if q is None else q.view(1, self.num_heads, self.head_dim)
+
+    def _cache_scales(self) -> tuple[float, float]:
+        # the scales belong to an FP8 cache only; a bf16/fp32 cache holds k and v as they are
+        return (self.k_scale, self.v_scale) if self.k_cache.dtype == torch.float8_e4m3fn else (1.0, 1.0)

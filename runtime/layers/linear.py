@@ -124,6 +124,16 @@ class QKVParallelLinear(ColumnParallelLinear):
         offset, size, start = self.output_rows(shard_id)
         param.data.narrow(0, offset, size).copy_(narrow(loaded, 0, start, size))
 
+    def forward_rope_kv(self, x, **rope) -> torch.Tensor | None:
+        """The rotated query [1, q rows] where one kernel computes this projection, rotates q and k
+        and writes k and v to the cache (ops.gemv_rope_kv, rope: its cache arguments), else None.
+        x must be a plain row: an input the norm quantized or deferred goes the usual way."""
+        if not isinstance(x, torch.Tensor):
+            return None
+        fp8 = self.fp8 is not None and fp8_linear.is_fp8(self.weight)
+        return ops.gemv_rope_kv(x, self.weight, self.bias, self.weight_scale if fp8 else None,
+                                num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, **rope)
+
 
 class RowParallelLinear(LinearBase):
     def __init__(self, in_features: int, out_features: int, bias: bool = False):

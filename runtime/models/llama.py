@@ -54,6 +54,10 @@ class LlamaAttention(nn.Module):
         )
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        # one decode row with --fold-rope-kv: qkv_proj's kernel rotates q and k and writes the cache
+        q = self.attn.project_rotated(self.qkv_proj, hidden, positions, self.rotary_emb.cos_sin_cache)
+        if q is not None:
+            return self.o_proj(self.attn.attend_rotated(q))
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(q.shape[0], self.num_heads, -1)
         k = k.reshape(k.shape[0], self.num_kv_heads, -1)

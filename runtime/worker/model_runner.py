@@ -104,6 +104,7 @@ class ModelRunner:
         fold_gemv: bool = True,
         fold_residual: bool = False,
         gemv_tma: bool = False,
+        fold_rope_kv: bool = False,
         pooling_type: str | None = None,
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",
@@ -112,7 +113,7 @@ class ModelRunner:
     ):
         # once, before any kernel
         ops.configure(enable_gemv=enable_gemv, fused_rope_kv=fused_rope_kv, pdl=enable_pdl, fold_gemv=fold_gemv,
-                      fold_residual=fold_residual, gemv_tma=gemv_tma, device=device)
+                      fold_residual=fold_residual, gemv_tma=gemv_tma, fold_rope_kv=fold_rope_kv, device=device)
         self.model_config = model_config
         self.device = device
         self.dtype = TORCH_DTYPES[model_config.dtype]
