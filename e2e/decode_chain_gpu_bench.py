@@ -22,7 +22,8 @@ The 32 layers are captured as one CUDA graph and replayed; the figure is the med
   with glu; "rope", the qkv GEMV rotating q and k and writing the cache in its epilogue,
   kernels/gemv_rope.py, the engine's --fold-rope-kv, FP8 and bf16) and the decode attention's
   merge in its own kernel (kernels/paged_attention_decode.FUSED_MERGE), each on and off, PDL off and
-  on; the folds change the rounding of rstd only, so their output is compared, not bit for bit.
+  on; the folds change the rounding of rstd only, so their output is compared, not bit for bit
+  (glu and rope change nothing: 0 on the GPU; --smoke runs the unfused pieces' torch references).
 - sweep (FP8, PDL on, the engine's default folds: glu): each projection's GEMV launch over a grid
   of tiles, the other three at their best so far; then the chain at the winners, both ways.
 - profile (--profile): the kernels of one eager token at the defaults, PDL off, microseconds each.
@@ -64,6 +65,8 @@ def parse_args(argv=None):
     p.add_argument("--merge", choices=("kernel", "fused", "both"), default="both")
     p.add_argument("--tma-sweep", action="store_true",
                    help="the glu+tma chain over a grid of TMA GEMV tiles, one tile for all four projections")
+    p.add_argument("--rope-sweep", action="store_true",
+                   help="the glu+rope chain over qkv_proj's launches of the rope fold (one split, block_n | 64)")
     p.add_argument("--stages", default=None,
                    help="comma-separated num_stages (2,3,4): the chain at the engine's folds with every FP8 GEMV "
                         "launch's num_stages set to each (Triton's pipeliner over the weight loads)")
@@ -378,6 +381,25 @@ def tma_sweep(torch, chain: Chain, args) -> dict:
     return out
 
 
+def rope_sweep(torch, chain: Chain, args) -> dict:
+    """The glu+rope chain, PDL on: qkv_proj's launch of the rope fold over candidates() with one K
+    split and block_n dividing head_dim / 2, within --budget-s; prints fp8_dispatch.ROPE_KV_TILES' entry."""
+    chain.folds = frozenset(("glu", "rope"))
+    half = chain.d["head_dim"] // 2
+    runtime = None if args.smoke else chain.runtime_config("qkv_proj", chain.x.new_empty(1, SHAPES["qkv_proj"][1]))
+    tiles = [c for c in candidates("qkv_proj", args.smoke, runtime) if c.split_k == 1 and half % c.block_n == 0]
+    out = fastest(torch, chain, args, "qkv_proj", tiles, chain.configs)
+    for on in (False, True):
+        ms, _ = run_chain(torch, chain, on, args.replays, args.smoke)
+        out[f"best_pdl_{'on' if on else 'off'}_ms"] = ms and round(ms, 4)
+    n, k, _ = SHAPES["qkv_proj"]
+    print(f"    ({n}, {k}): {chain.configs.get('qkv_proj')},")
+    print(f"  rope at the swept launch: off {out['best_pdl_off_ms']} on {out['best_pdl_on_ms']}", flush=True)
+    chain.configs.pop("qkv_proj", None)
+    chain.folds = frozenset(("glu",))
+    return out
+
+
 def stages(torch, chain: Chain, args) -> dict:
     """The chain at the engine's folds, PDL on, with every GEMV launch at each num_stages asked for."""
     out = {}
@@ -443,6 +465,8 @@ def main(argv=None) -> int:
             print(json.dumps(dict(list(res["profile"].items())[:14]), indent=0), flush=True)
         if dtype == "fp8" and args.tma_sweep:
             res["tma_sweep"] = tma_sweep(torch, chain, args)
+        if dtype == "fp8" and args.rope_sweep:
+            res["rope_sweep"] = rope_sweep(torch, chain, args)
         if dtype == "fp8" and args.stages and not args.smoke:
             res["stages"] = stages(torch, chain, args)
         if dtype == "fp8" and not args.no_sweep:

@@ -135,12 +135,21 @@ def fused_glu(rows: int, n: int, k: int, device: torch.device) -> Fp8Launch | No
     return None
 
 
+# The fold's own launches where the H200 measured one faster than the plain qkv entry's, keyed by
+# the FP8 weight's (N, K) (e2e/decode_chain_gpu_bench.py --rope-sweep prints them; none yet).
+ROPE_KV_TILES: dict[tuple[int, int], GemvConfig] = {}
+
+
 def fused_rope_kv(n: int, k: int, device: torch.device) -> GemvConfig | None:
     """The launch of the one-row qkv [N, K] GEMV with rotary and the cache write in its epilogue
-    (kernels/gemv_rope.py): the table's 1-row weight-only gemv.py entry for the product, where it
-    runs one K split (the epilogue needs whole sums); None otherwise. With --gemv-tma as well, the
-    fold keeps gemv.py's loop: the TMA kernel has no such epilogue."""
-    for bucket, launch in _measured(n, k, None, device):
+    (kernels/gemv_rope.py): ROPE_KV_TILES' for the shape, else the table's 1-row weight-only gemv.py
+    entry for the product where it runs one K split (the epilogue needs whole sums); None otherwise,
+    and none off Hopper. With --gemv-tma as well, the fold keeps gemv.py's loop: the TMA kernel
+    has no such epilogue."""
+    measured = _measured(n, k, None, device)
+    if measured and (n, k) in ROPE_KV_TILES:
+        return ROPE_KV_TILES[(n, k)]
+    for bucket, launch in measured:
         if bucket == 1 and launch.path == "gemv" and launch.config.split_k == 1:
             return launch.config
     return None

@@ -112,3 +112,18 @@ def test_two_rows_and_unmeasured_shapes_keep_the_two_kernels(kernels, monkeypatc
     monkeypatch.setattr(fp8_dispatch, "FP8_SMALL_M", {})  # no measured launch for qkv: the usual path
     decode(block, 1)
     assert kernels == ["rotary_kv_cache"]
+
+
+def test_a_rope_tile_of_its_own_takes_precedence_over_the_qkv_entry(kernels, monkeypatch):
+    """fp8_dispatch.ROPE_KV_TILES (what --rope-sweep finds) gives the fold its launch; the plain
+    projection keeps the FP8_SMALL_M entry's."""
+    own = GemvConfig(block_n=2, block_k=16, split_k=1, num_warps=2, fold=1)
+    assert fp8_dispatch.fused_rope_kv(QKV, HIDDEN, torch.device("cpu")) == LAUNCH
+    monkeypatch.setattr(fp8_dispatch, "ROPE_KV_TILES", {(QKV, HIDDEN): own})
+    assert fp8_dispatch.fused_rope_kv(QKV, HIDDEN, torch.device("cpu")) == own
+    seen = []
+    fold = rope_module.gemv_rope_kv
+    monkeypatch.setattr(rope_module, "gemv_rope_kv", lambda *a, **kw: seen.append(kw["config"]) or fold(*a, **kw))
+    monkeypatch.setattr(ops, "FOLD_ROPE_KV", True)
+    decode(attention_block(True, False, DTYPE), 1)
+    assert seen == [own]
