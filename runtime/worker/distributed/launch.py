@@ -63,7 +63,8 @@ def runner_options(spec: WorkerSpec) -> dict:
                 max_num_batched_tokens=spec.max_num_batched_tokens, enforce_eager=spec.enforce_eager,
                 enable_gemv=spec.enable_gemv, fused_rope_kv=spec.fused_rope_kv,
                 enable_pdl=spec.enable_pdl, fold_gemv=spec.fold_gemv,
-                fold_residual=spec.fold_residual, gemv_tma=spec.gemv_tma, fold_rope_kv=spec.fold_rope_kv, pooling_type=spec.pooling_type,
+                fold_residual=spec.fold_residual, gemv_tma=spec.gemv_tma, fold_rope_kv=spec.fold_rope_kv,
+                pooling_type=spec.pooling_type,
                 quantization=spec.quantization, kv_cache_dtype=spec.kv_cache_dtype)
 
 
