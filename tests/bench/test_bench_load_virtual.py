@@ -13,7 +13,13 @@ import httpx
 import pytest
 from virtual_time import run_virtual
 
-from pagoda.runtime.tools.bench.serve_client import arrival_offsets, run_load, summarize
+from pagoda.runtime.tools.bench.serve_client import (
+    RequestResult,
+    arrival_offsets,
+    run_load,
+    slowest_first_tokens,
+    summarize,
+)
 from pagoda.runtime.tools.bench.workloads import serving_requests
 
 FIRST_DELAY = 0.060
@@ -103,6 +109,27 @@ def test_poisson_sends_each_request_at_its_offset():
     requests, stub, results, _ = _run(20.0, None)
     assert all(r.success for r in results)
     assert stub.arrivals == pytest.approx(arrival_offsets(6, 20.0, seed=3), abs=1e-9)
+    assert [r.sent_s for r in results] == pytest.approx(stub.arrivals, abs=1e-9)  # each result knows its send
+
+
+def test_the_slowest_first_tokens_come_with_what_was_sent_before_them():
+    """A burst: four requests sent within 0.3 s, the last of them the slowest; a lone request sent
+    much later is second slowest, with nothing in flight or in its window."""
+    def done(sent, prompt_len, ttft, latency):
+        return RequestResult(prompt_len, 8, success=True, ttft_s=ttft, latency_s=latency, sent_s=sent)
+
+    burst = [done(1.0, 100, 0.05, 0.5), done(1.1, 200, 0.08, 0.5), done(1.2, 300, 0.10, 0.5),
+             done(1.3, 400, 0.40, 0.9)]
+    lone = done(5.0, 50, 0.30, 0.6)
+    quick = [done(7.0 + i, 10, 0.01, 0.1) for i in range(10)]
+    slowest = slowest_first_tokens(burst + [lone] + quick)
+    assert len(slowest) == 8 and [s["ttft_ms"] for s in slowest[:3]] == [400.0, 300.0, 100.0]
+    top = slowest[0]
+    assert top["sent_s"] == 1.3 and top["prompt_len"] == 400 and top["first_token_at_s"] == pytest.approx(1.7)
+    assert top["in_flight_at_send"] == 3 and top["sent_in_window_before"] == 3
+    assert top["prompt_tokens_in_window_before"] == 600
+    assert slowest[1]["in_flight_at_send"] == 0 and slowest[1]["sent_in_window_before"] == 0
+    assert summarize(burst + [lone], 6.0, 1.0)["ttft_slowest"] == slowest_first_tokens(burst + [lone])
 
 
 def test_concurrency_cap_delays_requests_until_a_slot_frees():

@@ -198,6 +198,10 @@ def run(args) -> int:
               f"TPOT p99 {summary['tpot_ms_p99'] or 0:.2f} ms")
         for error, count in list(summary["errors"].items())[:5]:
             print(f"  {count} x {error}")
+        for slow in summary["ttft_slowest"][:3]:  # the TTFT tail: a burst before it, or a stall?
+            print(f"  slow first token: {slow['ttft_ms']:.1f} ms, sent at {slow['sent_s']:.2f} s with "
+                  f"{slow['in_flight_at_send']} in flight and {slow['prompt_tokens_in_window_before']} prompt "
+                  f"tokens sent in the second before")
     print_table(rates)
     offline = _offline_figure(args)
     full_load = max(rates, key=lambda r: math.inf if r["request_rate"] == "inf" else r["request_rate"])

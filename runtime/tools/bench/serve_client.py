@@ -39,6 +39,7 @@ class RequestResult:
     prompt_tokens: int | None = None
     num_chunks: int = 0
     usage_reported: bool = False
+    sent_s: float | None = None  # when it was sent, from the run's start
 
     @property
     def tpot_s(self) -> float | None:
@@ -158,9 +159,11 @@ async def run_load(
             result = RequestResult(prompt_len=len(request.prompt_token_ids), expected_output_len=request.output_len)
             payload = build_payload(request, model, prompt)
             if limit is None:
+                result.sent_s = clock() - start
                 await stream_completion(client, url, payload, headers or {}, result, clock)
             else:
                 async with limit:
+                    result.sent_s = clock() - start
                     await stream_completion(client, url, payload, headers or {}, result, clock)
             bar.update(1)
             return result
@@ -181,6 +184,28 @@ def _percentiles(name: str, values_s: list[float]) -> dict:
         f"{name}_ms_p90": float(np.percentile(ms, 90)),
         f"{name}_ms_p99": float(np.percentile(ms, 99)),
     }
+
+
+SLOWEST = 8  # the slowest first tokens a summary describes
+
+
+def slowest_first_tokens(results: list[RequestResult], window_s: float = 1.0) -> list[dict]:
+    """The SLOWEST requests by TTFT, slowest first, each with what the server had on its hands when it
+    was sent: requests in flight then, and the requests and prompt tokens sent in the window before.
+    A burst shows as many tokens sent just before; a stall (a collection, a compile) as slow first
+    tokens of requests sent at unrelated moments that all end about the same time."""
+    timed = [r for r in results if r.success and r.sent_s is not None]
+    out = []
+    for r in sorted(timed, key=lambda r: r.ttft_s, reverse=True)[:SLOWEST]:
+        before = [o for o in timed if r.sent_s - window_s <= o.sent_s < r.sent_s]
+        out.append({
+            "sent_s": round(r.sent_s, 4), "prompt_len": r.prompt_len, "ttft_ms": round(r.ttft_s * 1e3, 2),
+            "first_token_at_s": round(r.sent_s + r.ttft_s, 4),
+            "in_flight_at_send": sum(o.sent_s <= r.sent_s < o.sent_s + o.latency_s for o in timed if o is not r),
+            "sent_in_window_before": len(before),
+            "prompt_tokens_in_window_before": sum(o.prompt_len for o in before),
+        })
+    return out
 
 
 def summarize(results: list[RequestResult], duration_s: float, request_rate: float) -> dict:
@@ -209,4 +234,5 @@ def summarize(results: list[RequestResult], duration_s: float, request_rate: flo
         **_percentiles("tpot", [r.tpot_s for r in ok if r.tpot_s is not None]),
         **_percentiles("itl", [g for r in ok for g in r.itl_s]),
         **_percentiles("e2e", [r.latency_s for r in ok]),
+        "ttft_slowest": slowest_first_tokens(ok),
     }
