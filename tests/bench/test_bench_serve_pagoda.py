@@ -53,6 +53,12 @@ def test_bench_serve_against_pagoda(pagoda_server, tmp_path):
         assert 0 < rate["tpot_ms_p50"] <= rate["tpot_ms_p99"]
         assert rate["itl_ms_p50"] > 0
         assert rate["output_tokens_per_s"] == pytest.approx(rate["output_tokens"] / rate["duration_s"])
+        # The server's split of the rate's first tokens: this rate's four requests, no warm-up's
+        side = rate["server_side"]
+        assert side["queue"]["count"] == side["prefill"]["count"] == side["ttft"]["count"] == 4
+        assert side["queue"]["buckets"]["+Inf"] == 4 and 0 < side["prefill"]["mean_ms"] <= side["ttft"]["mean_ms"]
+        assert len(rate["ttft_slowest"]) == 4 and rate["ttft_slowest"][0]["ttft_ms"] == pytest.approx(
+            rate["ttft_ms_p99"], rel=0.2)
     # The server's own counters agree with what the generator measured, plus the 1-token probe
     # and the warm-up (2 requests of 16 tokens, drawn with their own seed).
     warmup = workloads.serving_requests(2, 1 + serve.WARMUP_SEED_OFFSET, (16, 32), (16, 16))

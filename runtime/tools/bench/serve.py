@@ -15,7 +15,7 @@ import time
 
 import httpx
 
-from pagoda.runtime.tools.bench import workloads
+from pagoda.runtime.tools.bench import server_metrics, workloads
 from pagoda.runtime.tools.bench.results import command_line, write_result
 from pagoda.runtime.tools.bench.serve_client import run_load, summarize
 
@@ -188,16 +188,23 @@ def run(args) -> int:
                 args.num_prompts, args.seed + index * RATE_SEED_STRIDE, args.input_len, args.output_len
             )
             prompts, _ = build_prompts(args, requests, url, model, headers, prompt_format)
+        before = server_metrics.scrape(root, headers)
         results, duration = asyncio.run(run_load(
             url, requests, prompts, model, rate, args.max_concurrency, headers, args.seed,
             args.timeout, progress=not args.no_progress))
         summary = summarize(results, duration, rate)
+        # the server's split of this rate's TTFT: queue (scheduler) and prefill (its steps)
+        summary["server_side"] = server_metrics.delta(before, server_metrics.scrape(root, headers))
         rates.append(summary)
         print(f"rate {rate_text}: {summary['completed']} ok, {summary['failed']} failed, "
               f"{summary['output_tokens_per_s']:,.0f} out tok/s, TTFT p99 {summary['ttft_ms_p99'] or 0:.1f} ms, "
               f"TPOT p99 {summary['tpot_ms_p99'] or 0:.2f} ms")
         for error, count in list(summary["errors"].items())[:5]:
             print(f"  {count} x {error}")
+        side = summary["server_side"] or {}
+        if side.get("queue") and side.get("prefill"):
+            print(f"  server side: queue {side['queue']['mean_ms'] or 0:.1f} ms, prefill "
+                  f"{side['prefill']['mean_ms'] or 0:.1f} ms mean over {side['queue']['count']} requests")
         for slow in summary["ttft_slowest"][:3]:  # the TTFT tail: a burst before it, or a stall?
             print(f"  slow first token: {slow['ttft_ms']:.1f} ms, sent at {slow['sent_s']:.2f} s with "
                   f"{slow['in_flight_at_send']} in flight and {slow['prompt_tokens_in_window_before']} prompt "
