@@ -16,8 +16,9 @@ all decode steps: total time of those LLMEngine.step calls / decode launches), p
 step, and the same for steps with prefill rows: wall, step-thread CPU and process CPU time (the
 last also counts what other threads did for the step, e.g. tokenizers' decode_batch). `--stages`
 adds a table of the time in each part of the step (timers around the main functions; they add a
-little overhead), `--cprofile` a cProfile table of one run, `--mixed-ahead on` schedules mixed steps ahead too
-(`--schedule-mixed-ahead`; the file name then ends in -mixed-ahead). The machine is shared: each setting
+little overhead), `--cprofile` a cProfile table of one run, `--mixed-ahead on|off` schedules mixed steps ahead or not
+(`--schedule-mixed-ahead`, the engine's default since 9213c1e and so the bench's; the file name ends in
+-mixed-ahead when on). The machine is shared: each setting
 runs --repeat times and the JSON holds every run, the median and the load average. Writes
 host-path-<commit>.json.
 """
@@ -41,6 +42,7 @@ from pathlib import Path
 import torch
 
 from pagoda.runtime.core import engine_core
+from pagoda.runtime.engine_args import EngineArgs
 from pagoda.runtime.frontend.llm import LLM
 from pagoda.runtime.sampling_params import SamplingParams
 from pagoda.runtime.tools.bench import workloads
@@ -284,8 +286,10 @@ def main() -> int:
     p.add_argument("--num-kv-blocks", type=int, default=80000)
     p.add_argument("--stages", action="store_true", help="a per-stage time table (one more run per seat count)")
     p.add_argument("--cprofile", action="store_true", help="a cProfile table (one more run per seat count)")
-    p.add_argument("--mixed-ahead", choices=["on", "off"], default="off",
-                   help="schedule mixed steps ahead too (Scheduler._mixed_ahead), as an A/B")
+    engine_default = "on" if EngineArgs(model="m").schedule_mixed_ahead else "off"
+    p.add_argument("--mixed-ahead", choices=["on", "off"], default=engine_default,
+                   help="schedule mixed steps ahead too (Scheduler._mixed_ahead), as an A/B "
+                        "(default: the engine's, %(default)s)")
     args = p.parse_args()
     mixed_ahead = args.mixed_ahead == "on"
     torch.set_num_threads(1)
