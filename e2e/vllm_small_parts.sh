@@ -6,6 +6,10 @@
 # leaves .vllm/small/part-00 ... (PART_MIB, default 28 MiB each, about 14 parts) and the installer beside
 # them. Send one part per device call, back to back (an idle machine is given back after 30 s):
 #   carry [".vllm/small/part-NN"], command: mkdir -p /tmp/vparts && cp .vllm/small/part-NN /tmp/vparts/
+# A part also fits beside a measurement call's own carry (the tree, about 30 MB, .whl/ 3 MB and one
+# 28-MiB part stay under 64 MiB when the call runs in the copied tree rather than from a tarball of it):
+#   carry [".whl", ".vllm/small/part-NN"], command: mkdir -p /tmp/vparts && cp .vllm/small/part-NN /tmp/vparts/ && ...
+# so the parts can ride along with the session's first calls instead of 14 calls of their own.
 # then, in the call that runs vLLM, carry .vllm/small/install-on-gpu as .vllm/install-on-gpu's stand-in:
 #   VLLM_PARTS=/tmp/vparts bash e2e/run_fp8.sh OUT vllm     (run_fp8.sh's vllm stage installs from there)
 set -euo pipefail
