@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -144,6 +145,16 @@ def configure_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+def freeze_startup_heap() -> None:
+    """Everything built before serving (the app, the tokenizer, the imported libraries, and in thread
+    mode the engine) lives as long as the server. Frozen, the collector's full passes no longer walk
+    it: they run on the event loop that streams every request's tokens, so each one is a pause in
+    every stream and before every first token (vLLM's API server freezes its startup heap too; the
+    engine process freezes its own, core/engine_proc.py)."""
+    gc.collect()
+    gc.freeze()
+
+
 def run(args) -> int:
     import uvicorn
 
@@ -177,6 +188,7 @@ def run(args) -> int:
         server.should_exit = True
 
     app.state.client.on_engine_death.append(exit_on_engine_death)
+    freeze_startup_heap()
     try:
         server.run()
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on
