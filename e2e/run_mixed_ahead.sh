@@ -5,7 +5,9 @@
 # gap trace both ways (admission phase; whole run), W1 both ways, W2, then W3 at 16 req/s against
 # `pagoda serve`, twice each way.
 #
-#   bash e2e/run_mixed_ahead.sh OUT_DIR [STAGE...]     STAGEs (default: w4 gaps gaps-full w1 w2 w3; also w4on, w3on: on only), in order
+#   bash e2e/run_mixed_ahead.sh OUT_DIR [STAGE...]     STAGEs (default: w4 gaps gaps-full w1 w2 w3; also w4on, w3on: on only;
+#     syncs: one whole W4 run at the defaults with every synchronizing CUDA call counted by its call site,
+#     w4_gap_trace.py --syncs), in order
 #
 # Needs e2e/gpu_env.sh's set-up (the carried .whl/) and PAGODA_COMMIT. A smoke run of the w3 stage on
 # the CPU: PYTHON=.venv/bin/python W3_MODEL=<tiny folder> W3_NUM_PROMPTS=8 bash e2e/run_mixed_ahead.sh DIR w3. OUT_DIR/all.tgz is
@@ -72,6 +74,7 @@ for s in "${STAGES[@]}"; do
         gaps-full)  # the whole of W4 (256 output tokens): where over the run the idle time sits
             stage gaps-full-on "$PY" e2e/w4_gap_trace.py --out "$RES/gaps-full" --output-len 256 --traces plain --mixed-ahead on
             stage gaps-full-off "$PY" e2e/w4_gap_trace.py --out "$RES/gaps-full" --output-len 256 --traces plain --mixed-ahead off ;;
+        syncs) stage syncs "$PY" e2e/w4_gap_trace.py --out "$RES/syncs" --output-len 256 --traces --syncs ;;
         w1) stage w1-on pagoda on bench throughput --workload W1 --backend pagoda --out "$RES/on"
             stage w1-off pagoda off bench throughput --workload W1 --backend pagoda --out "$RES/off" ;;
         w2) stage w2 pagoda on bench latency --backend pagoda --model w1 --out "$RES/on" ;;

@@ -1,15 +1,20 @@
 """What the host does while the GPU idles in W4's admission phase (issue 16's busy share).
 
     python e2e/w4_gap_trace.py --out DIR [--seats 1024] [--num-prompts 1024] [--output-len 4]
-                               [--mixed-ahead on|off] [--traces plain python]
+                               [--mixed-ahead on|off] [--traces [plain] [python]] [--syncs]
 
 W4's prompts at few output tokens, so nearly every step is a mixed (admission) step, under
 torch.profiler twice: once plain, once with Python stacks. From each trace it takes the GPU's busy
 intervals (kernels, copies, memsets), the gaps between them longer than --min-gap-ms, and, summed
 over all gaps, how long each host event overlapped them: CUDA runtime calls and aten ops in the
 plain run, Python functions in the stacked one (their time is inflated by the stack recording, so
-read them as a ranking). `--mixed-ahead on` schedules mixed steps ahead too (`--schedule-mixed-ahead`).
-Writes w4-gaps-<commit>.json (-mixed-ahead.json with it on); the traces stay on the machine.
+read them as a ranking). `--mixed-ahead on|off` schedules mixed steps ahead or not
+(`--schedule-mixed-ahead`; default: the engine's). `--syncs` adds a run without the profiler under
+torch.cuda.set_sync_debug_mode("warn"): every synchronizing CUDA call the host makes, by the runtime
+line that made it, per step. Steps ahead are meant to wait only in PendingStep.wait; any other site
+(an .item(), a pageable copy) holds the host until the GPU drains, and the GPU then waits for the
+enqueue that follows. Writes w4-gaps-<commit>.json (-mixed-ahead.json with it on); the traces stay
+on the machine.
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ import bisect
 import json
 import os
 import tempfile
-from collections import defaultdict
+import traceback
+import warnings
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from pagoda.runtime.engine_args import EngineArgs
 from pagoda.runtime.frontend.llm import LLM
 from pagoda.runtime.sampling_params import SamplingParams
 from pagoda.runtime.tools.bench import workloads
@@ -87,6 +95,44 @@ def gap_report(trace: Path, host_cats: set[str], min_gap_us: float, top: int) ->
     }
 
 
+RUNTIME_DIRS = ("/runtime/", "/kernels/")  # frames of Pagoda's own code, wherever the tree was copied to
+
+
+def sync_sites(run, llm) -> dict:
+    """run() with torch's sync debug mode warning on every synchronizing CUDA call: the calls by the
+    innermost runtime frame that made them (count, and one stack), and the engine steps it took."""
+    sites: Counter = Counter()
+    stacks: dict[str, list[str]] = {}
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack()[:-1] if any(d in f.filename for d in RUNTIME_DIRS)]
+        key = f"{frames[-1].filename.split('/')[-1]}:{frames[-1].lineno} {frames[-1].name}" if frames else "outside the runtime"
+        sites[key] += 1
+        stacks.setdefault(key, [f"{f.filename.split('/')[-1]}:{f.lineno} {f.name}" for f in frames[-6:]])
+
+    engine, steps = llm.llm_engine, [0]
+    step = engine.step
+
+    def counted(*args, **kwargs):
+        steps[0] += 1
+        return step(*args, **kwargs)
+
+    engine.step = counted  # an instance attribute over the method, deleted after
+    shown = warnings.showwarning
+    torch.cuda.synchronize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            warnings.showwarning = shown
+            del engine.step
+    return {"steps": steps[0], "sites": [{"site": k, "calls": n, "stack": stacks[k]} for k, n in sites.most_common()]}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
@@ -95,9 +141,12 @@ def main() -> int:
     p.add_argument("--output-len", type=int, default=4)
     p.add_argument("--min-gap-ms", type=float, default=0.5)
     p.add_argument("--top", type=int, default=40)
-    p.add_argument("--mixed-ahead", choices=["on", "off"], default="off")
-    p.add_argument("--traces", nargs="+", choices=["plain", "python"], default=["plain", "python"],
-                   help="which profiles to take (a whole W4 run with Python stacks is a very large trace)")
+    p.add_argument("--mixed-ahead", choices=["on", "off"],
+                   default="on" if EngineArgs(model="m").schedule_mixed_ahead else "off")
+    p.add_argument("--syncs", action="store_true", help="the synchronizing CUDA calls of one more run, by call site")
+    p.add_argument("--traces", nargs="*", choices=["plain", "python"], default=["plain", "python"],
+                   help="which profiles to take (a whole W4 run with Python stacks is a very large trace; "
+                        "none: --syncs alone)")
     args = p.parse_args()
     mixed_ahead = args.mixed_ahead == "on"
     llm = LLM(model=str(workloads.resolve_model("w4")), load_format="dummy", max_model_len=2048,
@@ -127,6 +176,10 @@ def main() -> int:
               f"tail {r.get('tail_ms')} ms, gaps by tenth {r.get('gap_ms_by_tenth')}", flush=True)
         for row in r.get("host_in_gaps", [])[:25]:
             print(f"   {row['ms']:9.2f} ms {row['events']:7d}  {row['name'][:150]}", flush=True)
+    if args.syncs:
+        result["syncs"] = sync_sites(lambda: llm.generate(prompt_token_ids=prompts, sampling_params=params,
+                                                          use_tqdm=False), llm)
+        print("synchronizing calls by site:", json.dumps(result["syncs"]["sites"][:10], indent=1), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"w4-gaps-{result['commit']}{'-mixed-ahead' if mixed_ahead else ''}.json"
