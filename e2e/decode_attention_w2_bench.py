@@ -45,7 +45,7 @@ def launches(smoke: bool) -> list[dict]:
 
 def time_graph(torch, fn, replays: int) -> float:
     """Microseconds a layer: fn (every layer's call) captured as one graph, its median replay."""
-    from decode_chain_gpu_bench import median_replay_ms  # this folder: the chain bench's timing
+    from decode_chain import median_replay_ms  # this folder: the chain bench's timing
 
     fn()
     torch.cuda.synchronize()
