@@ -135,9 +135,13 @@ def fused_glu(rows: int, n: int, k: int, device: torch.device) -> Fp8Launch | No
     return None
 
 
-# The fold's own launches where the H200 measured one faster than the plain qkv entry's, keyed by
-# the FP8 weight's (N, K) (e2e/decode_chain_gpu_bench.py --rope-sweep prints them; none yet).
-ROPE_KV_TILES: dict[tuple[int, int], GemvConfig] = {}
+# The fold's own launches where a sweep measured one faster than the plain qkv entry's, keyed by
+# the FP8 weight's (N, K) (e2e/decode_chain_gpu_bench.py --rope-sweep prints them). The 8B qkv
+# entry won on an H100 in two calls of 2026-12-06: the 32-layer chain 3.049 -> 2.987 ms with PDL
+# (results/rope-fold-293842f/); narrow rows and long K chunks, as the plain qkv entry is not.
+ROPE_KV_TILES: dict[tuple[int, int], GemvConfig] = {
+    (6144, 4096): GemvConfig(block_n=2, block_k=2048, split_k=1, num_warps=4, num_stages=1, fold=16),
+}
 
 
 def fused_rope_kv(n: int, k: int, device: torch.device) -> GemvConfig | None:

@@ -143,7 +143,7 @@ _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def configure(enable_gemv: bool = True, fused_rope_kv: bool = True, pdl: bool = False, fold_gemv: bool = True,
-              fold_residual: bool = False, gemv_tma: bool = False, fold_rope_kv: bool = False,
+              fold_residual: bool = False, gemv_tma: bool = False, fold_rope_kv: bool = True,
               device: torch.device | None = None) -> None:
     """Install the engine's kernel choices; the model runner calls it once, when it starts (each
     tensor-parallel worker too), before any kernel runs. pdl (kernels/pdl.py) takes effect only on
@@ -242,8 +242,8 @@ FOLD_SUMSQ = False
 
 # At one decode row the qkv GEMV may rotate q and k and write k and v to their cache slot in its
 # epilogue (kernels/gemv_rope.py), so rotary_kv_cache does not run: a launch and its PDL hand-over
-# fewer per layer. The engine's --fold-rope-kv, installed by configure(); off until the H200 says.
-FOLD_ROPE_KV = False
+# fewer per layer. The engine's --fold-rope-kv (on), installed by configure().
+FOLD_ROPE_KV = True
 
 
 def gemv_rope_kv(x, weight, bias, weight_scale, *, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,

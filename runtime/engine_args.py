@@ -154,8 +154,9 @@ class EngineArgs:
     gemv_tma: bool = knob(False, "at one FP8 decode row, the weight-only GEMVs read their weight tiles by TMA into "
                                  "a shared-memory pipeline (kernels/gemv_tma.py) instead of register loads",
                           type=bool)
-    # Off until the H200 measures it (decode_chain_gpu_bench.py's rope variant, run_pdl.sh w2rope).
-    fold_rope_kv: bool = knob(False, "at one decode row (bf16 or FP8 weights), the qkv GEMV rotates q and k and "
+    # On since W2 FP8 measured it ahead twice (H100, 2026-12-06: 3.215 -> 3.184 and 3.298 -> 3.264 ms;
+    # results/rope-fold-293842f/), with the same bits as the two kernels in the chain bench.
+    fold_rope_kv: bool = knob(True, "at one decode row (bf16 or FP8 weights), the qkv GEMV rotates q and k and "
                                      "writes k and v to the KV cache in its epilogue (kernels/gemv_rope.py), so no "
                                      "rotary kernel runs",
                               type=bool)

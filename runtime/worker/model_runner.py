@@ -104,7 +104,7 @@ class ModelRunner:
         fold_gemv: bool = True,
         fold_residual: bool = False,
         gemv_tma: bool = False,
-        fold_rope_kv: bool = False,
+        fold_rope_kv: bool = True,
         pooling_type: str | None = None,
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",

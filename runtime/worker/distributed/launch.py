@@ -48,7 +48,7 @@ class WorkerSpec:
     fold_gemv: bool = True
     fold_residual: bool = False
     gemv_tma: bool = False
-    fold_rope_kv: bool = False
+    fold_rope_kv: bool = True
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
     start_timeout_s: float = 1800.0  # a 70B load is slow
