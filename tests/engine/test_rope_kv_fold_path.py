@@ -91,6 +91,7 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 def test_one_row_takes_the_fold_with_the_same_bits(kernels, monkeypatch, fp8, bias, cache):
     block = attention_block(fp8, bias, cache)
     state = torch.random.get_rng_state()
+    monkeypatch.setattr(ops, "FOLD_ROPE_KV", False)  # the two kernels first (--no-fold-rope-kv)
     want = decode(block, 1)
     assert kernels == ["rotary_kv_cache"]
     kernels.clear()
