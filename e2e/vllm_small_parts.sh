@@ -10,6 +10,9 @@
 # 28-MiB part stay under 64 MiB when the call runs in the copied tree rather than from a tarball of it):
 #   carry [".whl", ".vllm/small/part-NN"], command: mkdir -p /tmp/vparts && cp .vllm/small/part-NN /tmp/vparts/ && ...
 # so the parts can ride along with the session's first calls instead of 14 calls of their own.
+# With e2e/demo-model/ and e2e/results/ moved out of the working tree for those calls (and back after; no
+# device stage needs them: the bench models are made on the machine), the tree is 2.9 MB and two parts
+# ride in each call, .whl/ too: 2.9 MB + 3 MB + 2 x 28 MiB = 61.9 MiB (measured 2026-12-06), so 7 calls.
 # then, in the call that runs vLLM, carry .vllm/small/install-on-gpu as .vllm/install-on-gpu's stand-in:
 #   VLLM_PARTS=/tmp/vparts bash e2e/run_fp8.sh OUT vllm     (run_fp8.sh's vllm stage installs from there)
 set -euo pipefail
