@@ -14,7 +14,7 @@
 # The order alternates per rate (vLLM first at the first rate) so neither always runs second.
 # Env: W3_NUM_PROMPTS (512), W3_SEED (0), RATE_INDEX0 (0: the first rate's index in the sweep, for
 # its prompts' seed when a sweep is split over calls), MEM, PAGODA_PORT (8321), VLLM_PORT (8322), SERVE_ARGS
-# (Pagoda's extra flags), VLLM_ARGS, PAGODA_COMMIT (recorded), VLLM_PARTS (/tmp/vp).
+# (Pagoda's extra flags), VLLM_ARGS, PAGODA_COMMIT (recorded), VLLM_PARTS (/tmp/vp), PACK (a .tgz path).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?OUT_DIR}
@@ -28,7 +28,13 @@ mkdir -p "$OUT"
 # shellcheck disable=SC1091
 source e2e/gpu_env.sh
 PY=${PYTHON:-python3}
-[ -d /tmp/vsite/vllm ] || bash .vllm/install-on-gpu "${VLLM_PARTS:-/tmp/vp}" || exit 1
+installer=.vllm/install-on-gpu  # or beside the small parts (e2e/vllm_small_parts.sh)
+[ -f .vllm/small/install-on-gpu ] && installer=.vllm/small/install-on-gpu
+[ -d /tmp/vsite/vllm ] || bash "$installer" "${VLLM_PARTS:-/tmp/vp}" || exit 1
+# PACK=FILE: re-pack OUT_DIR into FILE after every run, so a call cut off by its limit still brings
+# back the rates that finished (and one file instead of the device's eight-file limit). FILE must
+# lie outside OUT_DIR.
+pack() { [ -n "${PACK:-}" ] || return 0; tar -C "$OUT" -czf "$PACK.tmp" . && mv "$PACK.tmp" "$PACK"; }
 model=$("$PY" -m pagoda.runtime.cli bench model w1 | tail -n 1)
 common=(--host 127.0.0.1 --load-format dummy --max-model-len 2048 --served-model-name w1 --gpu-memory-utilization "$MEM")
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/gpu-before.csv"
@@ -76,6 +82,7 @@ run() {  # run SERVER PORT RATE SEED
     "$PY" -m pagoda.runtime.cli bench serve --base-url "http://127.0.0.1:$2" --model w1 --prompt-format ids \
         --request-rate "$3" --num-prompts "${W3_NUM_PROMPTS:-512}" --seed "$4" \
         --backend-name "$1" --no-progress --out "$OUT" || rc=$?
+    pack
 }
 rc=0
 i=0
@@ -90,4 +97,5 @@ done
 grep -c "after start-up" "$OUT/pagoda-server.log" | sed 's/^/pagoda compile warnings after start-up: /'
 kill "$ppid" "$vpid" 2>/dev/null || true
 wait 2>/dev/null || true
+pack
 exit "$rc"
