@@ -18,6 +18,8 @@
 #     w1           W1 (bench throughput, bf16) with PDL off then on: batches above the GEMV's rows
 #     w4           W4 (bench throughput, 1,024 seats) with PDL off then on
 #     w4busy       W4 at the defaults with the profiler's GPU-busy figure (--gpu-busy 1024)
+#     w1busy       W1 at the defaults with the profiler's GPU-busy figure (--gpu-busy 256)
+#     ceilings     e2e/gpu_ceilings.py: this card's bf16 and FP8 matmul and copy ceilings, for its own roofline
 #     fp8correct   e2e/gpu_fp8.py at the defaults: FP8 and FP8+FP8-KV logits against transformers
 #     correctness  e2e/gpu_correctness.py --enable-pdl (8 layers of the 8B shape and the 0.5B shape against
 #                  transformers, graphs against eager)
@@ -103,6 +105,9 @@ for s in "${STAGES[@]}"; do
         w4) stage w4 w1 W4 ;;
         w4busy) stage w4-busy timeout 300 "$PY" -m pagoda.runtime.cli bench throughput --workload W4 --backend pagoda \
             --gpu-busy 1024 ${ENGINE_ARGS:-} --out "$RES" ;;
+        w1busy) stage w1-busy timeout 300 "$PY" -m pagoda.runtime.cli bench throughput --workload W1 --backend pagoda \
+            --gpu-busy 256 ${ENGINE_ARGS:-} --out "$RES" ;;
+        ceilings) stage ceilings timeout 120 "$PY" e2e/gpu_ceilings.py --out "$RES" ;;
         fp8correct) stage fp8-correctness timeout 300 "$PY" e2e/gpu_fp8.py \
             --out "$RES/gpu-fp8-correctness-${PAGODA_COMMIT:-local}.json" ;;
         correctness) stage correctness timeout 300 "$PY" e2e/gpu_correctness.py --enable-pdl --llama-layers 8 \

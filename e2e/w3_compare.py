@@ -4,8 +4,9 @@
 
 Defaults: every W3-pagoda-*.json and W3-vllm-*.json in OUT_DIR; files holding different rates of one
 sweep (run_w3_same_call.sh writes one per rate) are merged. With several runs per server
-(W3_REPEAT), each run is a row (vLLM's first run is the reference); the issue's targets at 16 req/s are checked against vLLM's
-figures run by run: Pagoda's TPOT p50 at most 0.85x vLLM's, its TPOT p99 and TTFT p99 at most
+(W3_REPEAT, or one rate given several times), each run is a row, and each Pagoda run is checked against
+the vLLM run on the same prompts (the same seed; else vLLM's run of the same index, else its first).
+The issue's targets at 16 req/s, run by run: Pagoda's TPOT p50 at most 0.85x vLLM's, its TPOT p99 and TTFT p99 at most
 vLLM's; at every rate its output throughput at least vLLM's. Writes W3-compare-<commit>.json and
 .png into OUT_DIR.
 """
@@ -50,11 +51,18 @@ def by_rate(record: dict) -> dict[str, dict]:
     return dict(sorted(rates.items(), key=lambda item: float(item[0])))
 
 
-def targets(pagoda: list[dict], vllm: dict) -> dict:
+def peer_run(pagoda_run: dict, index: int, vllms: list[dict]) -> dict:
+    """The vLLM run that saw the same prompts as this Pagoda run."""
+    same_seed = [v for v in vllms if v.get("seed") is not None and v.get("seed") == pagoda_run.get("seed")]
+    if same_seed:
+        return same_seed[0]
+    return vllms[index] if index < len(vllms) else vllms[0]
+
+
+def targets(pagoda: list[dict], vllms: list[dict]) -> dict:
     out = {}
-    v = by_rate(vllm)
     for i, run in enumerate(pagoda):
-        p = by_rate(run)
+        p, v = by_rate(run), by_rate(peer_run(run, i, vllms))
         if "16" in p and "16" in v:
             out[f"run{i + 1}_tpot_p50_le_0.85x"] = p["16"]["tpot_ms_p50"] <= 0.85 * v["16"]["tpot_ms_p50"]
             out[f"run{i + 1}_tpot_p99_le_vllm"] = p["16"]["tpot_ms_p99"] <= v["16"]["tpot_ms_p99"]
@@ -76,7 +84,8 @@ def main() -> int:
     if not pagoda or not vllms:
         raise SystemExit("need at least one W3-pagoda and one W3-vllm result")
     vllm = vllms[0]
-    rows = [("vllm", 1, by_rate(vllm))] + [("pagoda", i + 1, by_rate(r)) for i, r in enumerate(pagoda)]
+    rows = [("vllm", i + 1, by_rate(r)) for i, r in enumerate(vllms)] + [("pagoda", i + 1, by_rate(r))
+                                                                       for i, r in enumerate(pagoda)]
     print(f"{'server':8} {'run':>3} {'rate':>5} " + " ".join(f"{k:>19}" for k in KEYS))
     for name, run, rates in rows:
         for rate, fig in rates.items():
@@ -84,7 +93,9 @@ def main() -> int:
                                                        for k in KEYS))
     commit = os.environ.get("PAGODA_COMMIT") or pagoda[-1].get("commit", "unknown")
     record = {"workload": "W3-compare", "commit": commit, "gpu": pagoda[-1].get("gpu"),
-              "vllm": by_rate(vllm), "pagoda_runs": [by_rate(r) for r in pagoda], "targets": targets(pagoda, vllm)}
+              "vllm": by_rate(vllm), "vllm_runs": [by_rate(r) for r in vllms],
+              "pagoda_runs": [by_rate(r) for r in pagoda], "seeds": [r.get("seed") for r in pagoda],
+              "targets": targets(pagoda, vllms)}
     print("targets: " + ", ".join(f"{k}={'pass' if v else 'MISS'}" for k, v in record["targets"].items()))
     (out / f"W3-compare-{commit}.json").write_text(json.dumps(record, indent=1) + "\n")
     try:
