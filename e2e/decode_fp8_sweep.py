@@ -1,8 +1,9 @@
 """The paged decode kernel over an FP8 (e4m3) KV cache on the GPU: bandwidth against the bf16 cache
-on the same shapes, the fp16 dot (attention_dot.fp8_as_f16) against the old widening to bf16, and
-a sweep of the FP8 launch's tile (block_n, num_warps, num_stages).
+on the same shapes, V read as 16-bit pairs (paged_attention_decode.V_PAIRS) against V read a byte
+at a time (the same bits, checked here), the fp16 dot (attention_dot.fp8_as_f16) against the old
+widening to bf16, and a sweep of the FP8 launch's tile (block_n, num_warps, num_stages).
 
-    python e2e/decode_fp8_sweep.py --out DIR
+    python e2e/decode_fp8_sweep.py --out DIR [--quick]
 
 Times are CUDA-graph replay medians (the engine replays decode from graphs); TB/s counts the bytes
 the cache holds (one a value for FP8) against the 4.25 TB/s copy ceiling of BENCHMARKS.md. Writes
@@ -32,6 +33,17 @@ from pagoda.kernels.paged_attention_ref import paged_attention_ref  # noqa: E402
 FP8 = torch.float8_e4m3fn
 # W1's decode (256 seats, 128-1024-token prompts + up to 256 generated), and W3/W4-like corners
 SHAPES = [(256, 768), (256, 1152), (128, 2048), (64, 4096), (32, 1024)]
+
+
+@contextlib.contextmanager
+def v_bytes():
+    """V read a byte at a time, as before V_PAIRS."""
+    saved = decode_module.V_PAIRS
+    decode_module.V_PAIRS = False
+    try:
+        yield
+    finally:
+        decode_module.V_PAIRS = saved
 
 
 @contextlib.contextmanager
@@ -65,6 +77,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--quick", action="store_true", help="sweep 2 and 4 warps, 2-4 stages only")
     args = p.parse_args()
     bs = args.block_size
     result = {"workload": "decode-fp8-sweep", "commit": os.environ.get("PAGODA_COMMIT", "unknown"),
@@ -80,17 +93,25 @@ def main() -> int:
         with widen_to_bf16():
             old = paged_attention_decode(*fp8, HEAD_DIM**-0.5, max_seq_len=context)
             widened = point(batch, context, bs, fp8)
+        with v_bytes():
+            by_bytes = paged_attention_decode(*fp8, HEAD_DIM**-0.5, max_seq_len=context)
+            bytes_point = point(batch, context, bs, fp8)
         row = {"batch": batch, "context": context, "bf16_cache": point(batch, context, bs, bf16),
                "fp8_f16_dot": point(batch, context, bs, fp8), "fp8_widen_bf16": widened,
+               "fp8_v_bytes": bytes_point, "v_pairs_same_bits": bool(torch.equal(got, by_bytes)),
                "max_err_f16_dot": float((got.float() - want.float()).abs().max()),
                "max_err_widen_bf16": float((old.float() - want.float()).abs().max())}
         row["fp8_over_bf16_time"] = round(row["fp8_f16_dot"]["ms"] / row["bf16_cache"]["ms"], 3)
+        row["v_pairs_speedup"] = round(bytes_point["ms"] / row["fp8_f16_dot"]["ms"], 3)
         result["shapes"].append(row)
         print(f"{batch}x{context}: bf16 {row['bf16_cache']['achieved_tb_per_s']} TB/s "
               f"{row['bf16_cache']['ms']} ms; fp8 f16-dot {row['fp8_f16_dot']['achieved_tb_per_s']} TB/s "
-              f"{row['fp8_f16_dot']['ms']} ms; fp8 widen-bf16 {widened['achieved_tb_per_s']} TB/s; "
+              f"{row['fp8_f16_dot']['ms']} ms; V bytes {bytes_point['achieved_tb_per_s']} TB/s "
+              f"(pairs {row['v_pairs_speedup']}x, same bits {row['v_pairs_same_bits']}); "
+              f"fp8 widen-bf16 {widened['achieved_tb_per_s']} TB/s; "
               f"err {row['max_err_f16_dot']:.2e} / {row['max_err_widen_bf16']:.2e}", flush=True)
-    for block_n, warps, stages in itertools.product((32, 64, 128), (2, 4, 8), (1, 2, 3, 4)):
+    grid = ((32, 64, 128), (2, 4), (2, 3, 4)) if args.quick else ((32, 64, 128), (2, 4, 8), (1, 2, 3, 4))
+    for block_n, warps, stages in itertools.product(*grid):
         knobs = dict(block_n=block_n, num_warps=warps, num_stages=stages)
         try:
             pts = [point(b, c, bs, cached[b, c], **knobs) for b, c in SHAPES]

@@ -53,6 +53,9 @@ MAX_SPLITS = 32
 # Split the context only below 3 programs per SM: with the fat tile, 4 per SM already stream at
 # 88-106% of 4.25 TB/s, and a split adds a merge launch.
 PROGRAMS_PER_SM = 3
+# An FP8 cache's V is read as pairs of values (_e4m3_pairs_as_f16); False keeps the byte-wide
+# read, so a benchmark can compare the two.
+V_PAIRS = True
 FUSED_MERGE = True  # False keeps the two launches (decode, then _merge_kernel), so a benchmark can compare them
 # (seq, kv_head) pairs the arrival counters hold: splits need seqs * kv_heads under PROGRAMS_PER_SM
 # programs per SM (choose_num_splits), far below this on any GPU.
@@ -77,7 +80,8 @@ def _decode_kernel(
     stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh,
     NUM_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, FP8_AS_F16: tl.constexpr, PDL: tl.constexpr,
+    SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, FP8_AS_F16: tl.constexpr, V_PAIRS: tl.constexpr,
+    PDL: tl.constexpr,
     FUSED: tl.constexpr, MERGE_G: tl.constexpr,
 ):
     pdl.launch_dependents(PDL)
@@ -111,7 +115,11 @@ def _decode_kernel(
         m = tl.full([BLOCK_G], float("-inf"), tl.float32)
         denom = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        acc_lo = tl.zeros([BLOCK_G, BLOCK_D // 2], tl.float32)  # V_PAIRS: the even and the odd dims
+        acc_hi = tl.zeros([BLOCK_G, BLOCK_D // 2], tl.float32)
         table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+        v_pairs_ptr = v_cache_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
+        dp = tl.arange(0, BLOCK_D // 2)
         for n0 in range(start, end, BLOCK_N):
             pos = n0 + tl.arange(0, BLOCK_N)
             pmask = pos < end
@@ -126,9 +134,23 @@ def _decode_kernel(
             alpha = tl.exp2(m - m_new)
             p = tl.exp2(s - m_new[:, None])
             denom = denom * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
-            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION)
+            if V_PAIRS:
+                # p v reduces over positions, the cache's strided dim: the dot wants V transposed,
+                # which sm_90 does in hardware for 16-bit elements (ldmatrix.trans) but not for
+                # bytes, where Triton read the widened tile back one byte a time (128 LDS.U8 a
+                # thread a tile). So V is read as 16-bit words, two adjacent dims in each, and
+                # widened with integer ops that Triton keeps 16 bits wide.
+                pairs = tl.load(v_pairs_ptr + (row // 2)[:, None] + dp[None, :], mask=pmask[:, None], other=0)
+                v_lo, v_hi = _e4m3_pairs_as_f16(pairs.to(tl.int32))
+                p16 = p.to(tl.float16)
+                acc_lo = acc_lo * alpha[:, None] + _dot(p16, v_lo, PRECISION)
+                acc_hi = acc_hi * alpha[:, None] + _dot(p16, v_hi, PRECISION)
+            else:
+                v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+                acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION)
             m = m_new
+        if V_PAIRS:  # the dims interleaved again, and the pairs' 2^-8 undone (exact)
+            acc = tl.reshape(tl.join(acc_lo, acc_hi), [BLOCK_G, BLOCK_D]) * 256.0
         acc = acc * v_scale
 
         omask = gmask[:, None] & dmask[None, :]
@@ -160,6 +182,17 @@ def _decode_kernel(
                     # All NUM_SPLITS have arrived, so nothing else touches it in this launch; the
                     # kernel's end publishes the zero to the next launch (or replay).
                     tl.store(counter, 0)
+
+
+@triton.jit
+def _e4m3_pairs_as_f16(w):
+    """w: int32 holding two e4m3 values in its low 16 bits, the lower address's in the low byte.
+    Both as fp16, each exactly 2^-8 times its e4m3 value: e4m3's sign, exponent and mantissa bits
+    go into fp16's fields, whose exponent bias is 8 more (15 against 7); e4m3's subnormals land on
+    fp16's the same way. NaN (0x7f, 0xff) is never written into a cache."""
+    lo = ((w & 0x80) << 8) | ((w & 0x7F) << 7)
+    hi = (w & 0x8000) | ((w >> 1) & 0x3F80)
+    return lo.to(tl.int16).to(tl.float16, bitcast=True), hi.to(tl.int16).to(tl.float16, bitcast=True)
 
 
 @triton.jit
@@ -320,7 +353,8 @@ def paged_attention_decode(
         block_tables.stride(0), out.stride(0), out.stride(1),
         NUM_SPLITS=num_splits, GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=block_size, BLOCK_N=block_n or default_n,
-        SOFTCAP=bool(softcap), PRECISION=dot_precision(query), FP8_AS_F16=fp8_as_f16(query, k_cache),
+        SOFTCAP=bool(softcap), PRECISION=dot_precision(query), FP8_AS_F16=(f16 := fp8_as_f16(query, k_cache)),
+        V_PAIRS=V_PAIRS and f16 and block_d == head_dim,
         PDL=(on := pdl.flag(query, num_seqs)), FUSED=counters is not None,
         MERGE_G=triton.next_power_of_2(group),  # BLOCK_G's padding to 16 is for tl.dot alone
         num_warps=num_warps or default_warps, num_stages=num_stages or default_stages, **pdl.options(on),
