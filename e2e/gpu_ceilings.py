@@ -5,7 +5,7 @@ H200's: a bf16 8192^3 matmul (TFLOP/s) and a device-to-device copy (TB/s, bytes 
 
 The bench's rooflines use the H200's figures (780 TFLOP/s, 4.25 TB/s) whatever ran them, because the
 targets are the H200's; on another card their ratio to the roofline understates how close a run came
-to that card's limit. runtime/tools/bench/roofline.py's GPU_CEILINGS holds the figures this measures,
+to that card's limit. runtime/tools/bench/ceilings.py's GPU_CEILINGS holds the figures this measures,
 so a result also carries its ratio to the roofline of the card that ran it. Also measured: the FP8
 matmul (torch._scaled_mm, row-wise scales), which the roofline takes as twice the bf16 one.
 Each figure is the median of ITERS timed launches after a warm-up, timed with CUDA events.
@@ -15,31 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 import torch
 
-
-def timed_ms(fn, iters: int) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def matmul_tflop_per_s(n: int, iters: int) -> float:
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    return 2 * n**3 / (timed_ms(lambda: a @ b, iters) * 1e-3) / 1e12
+# The measurement the bench's --measure-ceilings makes, so the two never drift apart.
+from pagoda.runtime.tools.bench.ceilings import copy_tb_per_s, matmul_tflop_per_s, timed_ms
 
 
 def fp8_matmul_tflop_per_s(n: int, iters: int) -> float:
@@ -49,13 +30,6 @@ def fp8_matmul_tflop_per_s(n: int, iters: int) -> float:
     sb = torch.ones(1, n, device="cuda")
     run = lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)  # noqa: E731
     return 2 * n**3 / (timed_ms(run, iters) * 1e-3) / 1e12
-
-
-def copy_tb_per_s(gib: float, iters: int) -> float:
-    n = int(gib * 2**30)
-    src = torch.empty(n, device="cuda", dtype=torch.uint8).random_(0, 255)
-    dst = torch.empty_like(src)
-    return 2 * n / (timed_ms(lambda: dst.copy_(src), iters) * 1e-3) / 1e12
 
 
 def main() -> int:

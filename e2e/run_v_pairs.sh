@@ -15,7 +15,7 @@ mkdir -p "$OUT"
 # shellcheck disable=SC1091
 source e2e/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
-W1=(bench throughput --workload W1 --backend pagoda --warmup-tokens 16 --out "$OUT")
+W1=(bench throughput --workload W1 --backend pagoda --warmup-tokens 16 --measure-ceilings --out "$OUT")
 FP8=(--quantization fp8 --kv-cache-dtype fp8)
 # The engine runs in this process (LLM), so the module switch reaches it.
 BYTES_V=(python3 -c "import sys; import pagoda.kernels.paged_attention_decode as d; d.V_PAIRS = False

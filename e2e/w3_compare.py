@@ -19,6 +19,8 @@ import os
 from pathlib import Path
 
 KEYS = ("output_tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "failed")
+# Only in results of `bench serve` that knew the server's GPU's ceilings; a column when any run has it.
+ROOFLINE_KEYS = ("tpot_roofline_ms",)
 
 
 def _load(paths) -> list[dict]:
@@ -47,7 +49,8 @@ def rate_key(rate) -> str:
 
 def by_rate(record: dict) -> dict[str, dict]:
     """Rate -> figures, in the sweep's order (ascending, all-at-once last) whatever the files' order."""
-    rates = {rate_key(r["request_rate"]): {k: r.get(k) for k in KEYS} for r in record["rates"]}
+    rates = {rate_key(r["request_rate"]): {k: r.get(k) for k in KEYS} | {k: r[k] for k in ROOFLINE_KEYS if k in r}
+             for r in record["rates"]}
     return dict(sorted(rates.items(), key=lambda item: float(item[0])))
 
 
@@ -86,11 +89,12 @@ def main() -> int:
     vllm = vllms[0]
     rows = [("vllm", i + 1, by_rate(r)) for i, r in enumerate(vllms)] + [("pagoda", i + 1, by_rate(r))
                                                                        for i, r in enumerate(pagoda)]
-    print(f"{'server':8} {'run':>3} {'rate':>5} " + " ".join(f"{k:>19}" for k in KEYS))
+    columns = KEYS + tuple(k for k in ROOFLINE_KEYS if any(k in fig for *_, rates in rows for fig in rates.values()))
+    print(f"{'server':8} {'run':>3} {'rate':>5} " + " ".join(f"{k:>19}" for k in columns))
     for name, run, rates in rows:
         for rate, fig in rates.items():
-            print(f"{name:8} {run:>3} {rate:>5} " + " ".join(f"{(fig[k] if fig[k] is not None else float('nan')):>19.2f}"
-                                                       for k in KEYS))
+            print(f"{name:8} {run:>3} {rate:>5} " + " ".join(
+                f"{(fig[k] if fig.get(k) is not None else float('nan')):>19.2f}" for k in columns))
     commit = os.environ.get("PAGODA_COMMIT") or pagoda[-1].get("commit", "unknown")
     record = {"workload": "W3-compare", "commit": commit, "gpu": pagoda[-1].get("gpu"),
               "vllm": by_rate(vllm), "vllm_runs": [by_rate(r) for r in vllms],

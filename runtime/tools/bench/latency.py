@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from pagoda.runtime.engine_args import EngineArgs
-from pagoda.runtime.tools.bench import workloads
+from pagoda.runtime.tools.bench import ceilings, workloads
 from pagoda.runtime.tools.bench.results import command_line, write_result
 from pagoda.runtime.tools.bench.roofline import decode_floor_ms
 from pagoda.runtime.tools.bench.throughput import BENCH_DEFAULTS, BENCH_KNOBS, engine_kwargs
@@ -32,6 +33,7 @@ def add_arguments(p) -> None:
     p.add_argument("--peer-result", default=None,
                    help="the other backend's W2 result JSON from the same run: adds speedup_vs_peer")
     p.add_argument("--out", default=None, help="result folder (default e2e/results)")
+    ceilings.add_argument(p)
     # Each iteration sends the same prompt: a prefix-cache hit would skip most of the prefill.
     EngineArgs.add_cli_args(p.add_argument_group("engine"), only=BENCH_KNOBS,
                             defaults={**BENCH_DEFAULTS, "max_num_seqs": None, "enable_prefix_caching": False})
@@ -132,11 +134,13 @@ def run(args) -> int:
     model_path = workloads.resolve_model(args.model)
     request = workloads.w2_request(args.seed)
     runner = {"pagoda": run_pagoda, "hf": run_hf, "vllm": run_vllm}[args.backend]
+    measured_ceilings = ceilings.measured_before_run(args)
     runs = runner(args, model_path, request.prompt_token_ids)
     figures = summarize(runs)
     if any(n != args.output_len for n in figures["output_tokens_per_run"]):
         raise RuntimeError(f"expected {args.output_len} tokens per run, got {figures['output_tokens_per_run']}")
-    floor = decode_floor_ms(workloads.load_config(model_path), fp8=getattr(args, "quantization", None) == "fp8")
+    config, fp8 = workloads.load_config(model_path), getattr(args, "quantization", None) == "fp8"
+    floor = decode_floor_ms(config, fp8=fp8)
     record = {
         "workload": "W2",
         "backend": args.backend,
@@ -159,6 +163,14 @@ def run(args) -> int:
         record["speedup_vs_peer"] = peer["tpot_ms_p50"] / figures["tpot_ms_p50"]
     print(f"W2 {args.backend}: TPOT p50 {figures['tpot_ms_p50']:.3f} ms (floor {floor:.2f} ms, "
           f"{record['ratio_to_floor']:.2f}x), TTFT p50 {figures['ttft_ms_p50']:.2f} ms")
+    card = ceilings.this_gpu(args, measured_ceilings)
+    if card is not None:
+        own = decode_floor_ms(config, tb_per_s=card.tb_per_s, fp8=fp8)
+        record["this_gpu_ceilings"] = asdict(card)
+        record["this_gpu_floor_ms"] = own
+        record["ratio_to_this_gpu_floor"] = figures["tpot_ms_p50"] / own
+        print(f"  on {card.gpu}'s own copy ceiling ({card.tb_per_s:.2f} TB/s, {card.source}): floor {own:.2f} ms "
+              f"({figures['tpot_ms_p50'] / own:.2f}x)")
     write_result(record, args.out, plot=plot_latency)
     return 0
 

@@ -18,10 +18,15 @@ plus the experts the batch touches, E * (1 - (1 - k/E)^B) per layer in expectati
 uniform (random weights route nearly uniformly): 128.0 of 128 for W5's 256 sequences, so W5's
 decode steps read nearly all 30.5B parameters. `active_only_output_tokens_per_s` is the bound if a
 step read only one token's k experts per layer (a batch of one).
+
+Serving (W3): serving_tpot_roofline_ms draws TPOT's limit from one rate's measured load, the same way.
+Each function takes the ceilings it draws with (the offline ones default to the H200's); ceilings.py
+holds other cards'.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import asdict, dataclass
 
@@ -83,15 +88,12 @@ def offline_roofline(
     if fp8_weights:
         tflop_per_s *= FP8_MATMUL_SPEEDUP
     prefill_s = 2 * num_active * prompt_tokens / (tflop_per_s * 1e12)
-    step_bytes, touched = weight_bytes, None
+    step_bytes, touched = decode_step_weight_bytes(config, weight_bytes, num_seqs, dtype_bytes, fp8_weights)
     active_bytes = num_active * weight_bytes / num_params  # bytes per parameter, averaged
     moe = moe_shape(config)
     if moe is not None:
         sparse = sum(is_sparse_layer(config, i) for i in range(config["num_hidden_layers"]))
         per_expert = 3 * config["hidden_size"] * moe.intermediate_size
-        touched = moe.num_experts * (1 - (1 - moe.top_k / moe.num_experts) ** num_seqs)
-        expert_bytes = 1 if fp8_weights else dtype_bytes
-        step_bytes = weight_bytes - round(sparse * (moe.num_experts - touched) * per_expert) * expert_bytes
         if fp8_weights:  # the k experts at one byte, the rest (embeddings, norms, router) as stored
             active_bytes = weight_bytes - sparse * (moe.num_experts - moe.top_k) * per_expert
         else:
@@ -120,6 +122,21 @@ def offline_roofline(
     )
 
 
+def decode_step_weight_bytes(config: dict, weight_bytes: int, num_seqs: float, dtype_bytes: int = 2,
+                             fp8_weights: bool = False) -> tuple[int, float | None]:
+    """(bytes of weights one decode step of num_seqs sequences reads, experts it touches per layer):
+    all of them for a dense model; for a MoE, less the experts no sequence routes to (num_seqs may
+    be fractional: a mean batch)."""
+    moe = moe_shape(config)
+    if moe is None:
+        return weight_bytes, None
+    sparse = sum(is_sparse_layer(config, i) for i in range(config["num_hidden_layers"]))
+    per_expert = 3 * config["hidden_size"] * moe.intermediate_size
+    touched = moe.num_experts * (1 - (1 - moe.top_k / moe.num_experts) ** num_seqs)
+    expert_bytes = 1 if fp8_weights else dtype_bytes
+    return weight_bytes - round(sparse * (moe.num_experts - touched) * per_expert) * expert_bytes, touched
+
+
 def decode_floor_ms(config: dict, dtype_bytes: int = 2, tb_per_s: float = H200_TB_PER_S, fp8: bool = False) -> float:
     """W2's floor: one decode step cannot beat one read of the weights (FP8 projections: one byte
     each plus their scales)."""
@@ -130,3 +147,47 @@ def published_w1_prompt_lens(seed: int = 0, num_requests: int = 256) -> list[int
     """The lengths behind the published 11,975 tok/s: drawn back to back, without token ids."""
     rng = random.Random(seed)
     return [rng.randint(128, 1024) for _ in range(num_requests)]
+
+
+def serving_tpot_roofline_ms(config: dict, rate: dict, tflop_per_s: float, tb_per_s: float,
+                             dtype_bytes: int = 2) -> dict:
+    """W3's TPOT limit at the load one rate entry of a W3 result measured, drawn as W1's roofline:
+    prefill at the matmul ceiling and decode steps at the copy bandwidth, one after the other.
+
+    - decoding requests B = request_throughput * (e2e_ms_mean - ttft_ms_mean) (Little's law);
+    - their mean context ctx = mean prompt + half the mean output;
+    - prefill share f = prompt tokens/s * 2 * active params / matmul ceiling: the fraction of every
+      second the GPU must spend prefilling what arrives;
+    - one decode step t = max(weights it reads / BW, B * 2 * active params / FLOPS) + B * ctx * KV
+      bytes per token / BW;
+    - TPOT roofline = t / (1 - f), infinite when f >= 1 (prefill alone saturates the card:
+      `prefill_saturates` says so).
+
+    A bound of the non-overlapping kind, as W1's: an engine that overlapped prefill compute with the
+    decode steps' reads could beat it. Means stand in for distributions, so it bounds a typical
+    step, not the tail."""
+    completed = rate["completed"]
+    if not completed:
+        raise ValueError("no completed requests at this rate: nothing to draw a roofline from")
+    flops, bandwidth = tflop_per_s * 1e12, tb_per_s * 1e12
+    active = count_parameters(config, active=True)
+    kv_per_token = kv_bytes_per_token(config, dtype_bytes)
+    decoding = rate["request_throughput"] * (rate["e2e_ms_mean"] - rate["ttft_ms_mean"]) / 1e3
+    context = rate["prompt_tokens"] / completed + rate["output_tokens"] / completed / 2
+    prefill_share = rate["prompt_tokens"] / rate["duration_s"] * 2 * active / flops
+    step_bytes, _ = decode_step_weight_bytes(config, count_weight_bytes(config, dtype_bytes), decoding, dtype_bytes)
+    step_s = max(step_bytes / bandwidth, decoding * 2 * active / flops) + decoding * context * kv_per_token / bandwidth
+    saturated = prefill_share >= 1
+    return {
+        "tflop_per_s": tflop_per_s,
+        "tb_per_s": tb_per_s,
+        "num_active_params": active,
+        "decode_step_weight_bytes": step_bytes,
+        "kv_bytes_per_token": kv_per_token,
+        "decoding_requests": decoding,
+        "mean_context": context,
+        "prefill_share": prefill_share,
+        "step_ms": step_s * 1e3,
+        "prefill_saturates": saturated,
+        "tpot_roofline_ms": math.inf if saturated else step_s / (1 - prefill_share) * 1e3,
+    }

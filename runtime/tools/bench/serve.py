@@ -16,7 +16,9 @@ import time
 import httpx
 
 from pagoda.runtime.tools.bench import server_metrics, workloads
-from pagoda.runtime.tools.bench.results import command_line, write_result
+from pagoda.runtime.tools.bench.ceilings import ceilings_for
+from pagoda.runtime.tools.bench.results import command_line, gpu_name, write_result
+from pagoda.runtime.tools.bench.roofline import serving_tpot_roofline_ms
 from pagoda.runtime.tools.bench.serve_client import run_load, summarize
 
 # W3's targets (BENCHMARKS.md).
@@ -59,6 +61,9 @@ def add_arguments(p) -> None:
     p.add_argument("--offline-tokens-per-s", type=float, default=None)
     p.add_argument("--backend-name", default="pagoda", help="the 'backend' key of the result (the server)")
     p.add_argument("--gpu", default=None, help="the server's GPU, when it is not this machine's")
+    p.add_argument("--roofline-model", default="w1", choices=["none", *workloads.MODEL_CONFIGS],
+                   help="the served model's shape, for each rate's TPOT roofline on the server's GPU "
+                        "(default w1, the model W3 serves; none: no roofline)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", default=None, help="result folder (default e2e/results)")
 
@@ -234,11 +239,36 @@ def run(args) -> int:
     }
     if args.gpu:
         record["gpu"] = args.gpu
+    add_tpot_rooflines(rates, args.roofline_model, args.gpu or gpu_name())
     if ratio is not None:
         print(f"served/offline at full load: {ratio:.1%} ({full_load['output_tokens_per_s']:,.0f} / {offline:,.0f} tok/s)")
     print("targets: " + ", ".join(f"{k}={'pass' if v else 'MISS'}" for k, v in record["targets"].items()))
     write_result(record, args.out, plot=plot_serve)
     return 0 if all(r["failed"] == 0 for r in rates) else 1
+
+
+def add_tpot_rooflines(rates: list[dict], model: str, gpu: str) -> None:
+    """Each rate's TPOT roofline (roofline.serving_tpot_roofline_ms) on the server's GPU, with the
+    ceilings the table has for it; nothing for an unknown GPU or --roofline-model none."""
+    card = ceilings_for(gpu)
+    if model == "none" or card is None:
+        return
+    for rate in rates:
+        if not rate["completed"]:
+            continue
+        roof = serving_tpot_roofline_ms(workloads.MODEL_CONFIGS[model], rate, card.tflop_per_s, card.tb_per_s)
+        label = rate_label(rate["request_rate"])
+        if roof["prefill_saturates"]:
+            roof["tpot_roofline_ms"] = None  # infinite, and JSON has no infinity
+            print(f"rate {label}: prefill alone needs {roof['prefill_share']:.0%} of {card.gpu}'s matmul "
+                  f"ceiling: no TPOT roofline")
+        bound, p50 = roof["tpot_roofline_ms"], rate["tpot_ms_p50"]
+        rate["tpot_roofline"] = roof | {"model": model, "gpu": card.gpu, "source": card.source}
+        rate["tpot_roofline_ms"] = bound
+        rate["tpot_p50_to_roofline"] = p50 / bound if bound and p50 is not None else None
+        if rate["tpot_p50_to_roofline"] is not None:
+            print(f"rate {label}: TPOT roofline on {card.gpu} {bound:.2f} ms, p50 at "
+                  f"{rate['tpot_p50_to_roofline']:.2f}x")
 
 
 def plot_serve(record: dict, png_path) -> None:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from pagoda.runtime.engine_args import EngineArgs, cli_knobs
-from pagoda.runtime.tools.bench import workloads
+from pagoda.runtime.tools.bench import ceilings, workloads
 from pagoda.runtime.tools.bench.hf_peer import (
     generate_batch,
     load_hf_model,
@@ -49,6 +50,7 @@ def add_arguments(p) -> None:
     p.add_argument("--plain-result", default=None,
                    help="this workload's result without --json-schema, from the same run: adds ratio_to_plain")
     p.add_argument("--out", default=None, help="result folder (default e2e/results)")
+    ceilings.add_argument(p)
     # The engine's own flags, as `pagoda serve` has them, with the benchmark's defaults: random
     # weights (BENCHMARKS.md's definition) and 2k context. Seats default to the request count (run):
     # W1 says every request may be admitted at once, and W4 and W5 are "as W1".
@@ -166,13 +168,20 @@ def run(args) -> int:
         # A seat for every request (W1: 256, W4: 1,024, which is also the engine's and vLLM's
         # default on a GPU of 70 GiB or more); the peers get the same figure.
         args.max_num_seqs = len(requests)
+    measured_ceilings = ceilings.measured_before_run(args)
     measured = RUNNERS[args.backend](args, model_path, requests)
     config = workloads.load_config(model_path)
     tok_per_s = measured["output_tokens"] / measured["elapsed_s"]
-    # FP8 runs are held to the FP8 limit: one-byte weights (and KV) make it higher.
-    roof = offline_roofline(config, [len(r.prompt_token_ids) for r in requests], args.output_len,
-                            fp8_weights=getattr(args, "quantization", None) == "fp8",
-                            kv_dtype_bytes=1 if str(getattr(args, "kv_cache_dtype", "auto")).startswith("fp8") else None)
+
+    def roofline_with(**ceiling):
+        # FP8 runs are held to the FP8 limit: one-byte weights (and KV) make it higher.
+        return offline_roofline(
+            config, [len(r.prompt_token_ids) for r in requests], args.output_len,
+            fp8_weights=getattr(args, "quantization", None) == "fp8",
+            kv_dtype_bytes=1 if str(getattr(args, "kv_cache_dtype", "auto")).startswith("fp8") else None,
+            **ceiling)
+
+    roof = roofline_with()
     label = args.label or (args.workload + "-json" if args.json_schema else args.workload)
     record = {
         "workload": label,
@@ -216,6 +225,14 @@ def run(args) -> int:
     print(f"{label} {args.backend}: {record['output_tokens']} output tokens in {record['elapsed_s']:.2f} s "
           f"= {tok_per_s:,.1f} tok/s; roofline {roof.output_tokens_per_s:,.0f} tok/s "
           f"({record['ratio_to_roofline']:.1%})")
+    card = ceilings.this_gpu(args, measured_ceilings)
+    if card is not None:
+        own = roofline_with(tflop_per_s=card.tflop_per_s, tb_per_s=card.tb_per_s).output_tokens_per_s
+        record["this_gpu_ceilings"] = asdict(card)
+        record["this_gpu_roofline_output_tokens_per_s"] = own
+        record["ratio_to_this_gpu_roofline"] = tok_per_s / own
+        print(f"  on {card.gpu}'s own ceilings ({card.tflop_per_s:.0f} TFLOP/s, {card.tb_per_s:.2f} TB/s, "
+              f"{card.source}): roofline {own:,.0f} tok/s ({tok_per_s / own:.1%})")
     write_result(record, args.out, plot=plot_throughput)
     return 0
 
