@@ -1,5 +1,7 @@
 """The one-row decode GEMVs compiled for sm_90 on this CPU machine (no GPU): registers, spills and
 the SASS instruction mix of each launch the runtime takes at one FP8 row, before a device call.
+Also the paged decode attention over an FP8 cache at its launch (paged_attention_decode.choose_tile):
+its byte-wide shared-memory loads (LDS.U8), which V_PAIRS exists to remove.
 
     .venv/bin/python e2e/sm90_asm.py [--sass-top 12]
 
@@ -21,7 +23,8 @@ import subprocess
 import sys
 import tempfile
 
-DIVISIBLE = ("N", "K", "k_per_split", "stride_xm", "stride_wn", "stride_om", "stride_rm", "stride_hm")
+DIVISIBLE = ("N", "K", "k_per_split", "stride_xm", "stride_wn", "stride_om", "stride_rm", "stride_hm",
+             "stride_qt", "stride_qh", "stride_cb", "stride_cs", "stride_ch", "stride_bt", "stride_ot", "stride_oh")
 
 
 def compile_sm90(kernel, pointers: dict, consts: dict, num_warps: int, num_stages: int = 1):
@@ -35,7 +38,7 @@ def compile_sm90(kernel, pointers: dict, consts: dict, num_warps: int, num_stage
             sig[name] = "constexpr"
         elif name.endswith("_ptr"):
             sig[name] = pointers.get(name, "*bf16")
-        elif name in ("eps", "k_scale", "v_scale"):
+        elif name in ("eps", "k_scale", "v_scale", "qk_scale", "cap_log2"):
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
@@ -58,7 +61,22 @@ def inspect_cubin(cubin: bytes) -> dict:
     stack = int(re.search(r"STACK:(\d+)", usage).group(1))
     ops = collections.Counter(m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\d+\s+)?([A-Z0-9_]+)", sass))
     wide_loads = len(re.findall(r"LDG\.E\.(?:EF\.)?(?:EL\.)?(?:LTC\w+\.)?128", sass))
-    return dict(regs=regs, stack=stack, ops=ops, ldg_128=wide_loads)
+    byte_lds = len(re.findall(r"\bLDS\.U8\b", sass))
+    return dict(regs=regs, stack=stack, ops=ops, ldg_128=wide_loads, lds_u8=byte_lds)
+
+
+def decode_fp8_launch(v_pairs: bool = True):
+    """The FP8-cache decode kernel as W1's decode launches it (bf16 queries, Llama's 4-head groups,
+    head_dim 128, 16-token blocks, one split, the tile choose_tile gives an FP8 cache)."""
+    from pagoda.kernels import paged_attention_decode as decode
+
+    block_n, warps, stages = decode.FAT_TILE
+    pointers = {"q_ptr": "*bf16", "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv", "block_tables_ptr": "*i32",
+                "seq_lens_ptr": "*i32", "query_start_loc_ptr": "*i32", "out_ptr": "*bf16", "part_out_ptr": "*fp32",
+                "part_lse_ptr": "*fp32", "counters_ptr": "*i32"}
+    consts = dict(NUM_SPLITS=1, GROUP=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_SIZE=16, BLOCK_N=block_n,
+                  SOFTCAP=False, PRECISION="tf32", FP8_AS_F16=True, V_PAIRS=v_pairs, PDL=True, FUSED=False, MERGE_G=4)
+    return compile_sm90(decode._decode_kernel, pointers, consts, warps, stages)
 
 
 def launches():
@@ -101,6 +119,10 @@ def main(argv=None) -> int:
         top = ", ".join(f"{op} {c}" for op, c in ops.most_common(args.sass_top))
         print(f"{label:28s} regs {info['regs']:3d}  spill bytes {info['stack']:4d}  16-byte loads {info['ldg_128']:3d}  "
               f"per weight {per_weight}\n    {top}")
+    for v_pairs in (True, False):
+        info = inspect_cubin(decode_fp8_launch(v_pairs).asm["cubin"])
+        print(f"{'decode fp8 v_pairs=' + str(v_pairs):28s} regs {info['regs']:3d}  spill bytes {info['stack']:4d}  "
+              f"byte-wide shared loads {info['lds_u8']}")
     return 0
 
 

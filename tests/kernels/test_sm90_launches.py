@@ -1,7 +1,9 @@
 """The runtime's one-row FP8 GEMV launches (kernels/fp8_dispatch.FP8_SMALL_M, and the qkv entry's rope
 fold) compiled for sm_90 here, with the ptxas and cuobjdump that Triton ships (e2e/sm90_asm.py): none
 spills registers to local memory, and each streams its weights with 16-byte loads. A table entry
-that breaks either would cost bandwidth on the H200 that no CPU test of the results would show."""
+that breaks either would cost bandwidth on the H200 that no CPU test of the results would show.
+The FP8-cache decode attention, as W1 launches it, reads its tiles from shared memory with no
+byte-wide loads (V_PAIRS; with the byte-wide V read the same launch has 128 a thread a tile)."""
 
 import os
 import subprocess
@@ -16,10 +18,15 @@ def test_launches_compile_without_spills_and_with_wide_loads():
     out = subprocess.run([sys.executable, str(ROOT / "e2e" / "sm90_asm.py")], capture_output=True, text=True,
                          env=env, cwd=ROOT, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    lines = [line for line in out.stdout.splitlines() if " regs " in line]
+    lines = [line for line in out.stdout.splitlines() if " regs " in line and not line.startswith("decode")]
     assert len(lines) >= 6, out.stdout  # every 1-row gemv entry and the rope fold
     for line in lines:
         fields = line.split()
         spill = int(fields[fields.index("spill") + 2])
         wide = int(fields[fields.index("16-byte") + 2])
         assert spill == 0 and wide > 0, line
+    decode = {line.split()[2]: line for line in out.stdout.splitlines() if line.startswith("decode fp8")}
+    pairs, bytewise = decode["v_pairs=True"].split(), decode["v_pairs=False"].split()
+    assert int(pairs[pairs.index("spill") + 2]) == 0
+    assert int(pairs[-1]) == 0, decode["v_pairs=True"]
+    assert int(bytewise[-1]) > 0, decode["v_pairs=False"]  # the check sees byte loads where they are
