@@ -4,7 +4,8 @@
 #   PAGODA_COMMIT=<sha> bash e2e/run_v_pairs.sh OUT_DIR [stage ...]
 # stages (default all, in this order):
 #   ceilings  e2e/gpu_ceilings.py: this card's matmul and copy ceilings (runtime/tools/bench/ceilings.py's table)
-#   sweep     e2e/decode_fp8_sweep.py --quick: both V reads per shape (same bits checked), the tile sweep
+#   sweep     e2e/decode_fp8_sweep.py --quick (or $SWEEP_ARGS, say --shapes-only): both V reads per shape
+#             (same bits checked), then the tile sweep
 #   w1        W1 with FP8 weights and FP8 KV: V bytes, V pairs (the engine's default), V pairs with the
 #             sweep's best FP8 tile where it differs from FAT_TILE; then W1 bf16
 #   correct   e2e/gpu_fp8.py: FP8 and FP8+KV8 logits against transformers on the 8B shape
@@ -33,7 +34,7 @@ stage_w1() {
     before=${before%.json}-vbytes.json
     python3 -m pagoda.runtime.cli "${W1[@]}" "${FP8[@]}" --peer-result "$before" || return 1
     tile=$(python3 -c "import glob, json; r = json.load(open(sorted(glob.glob('$OUT/decode-fp8-sweep-*.json'))[-1]))
-b = r['sweep'][0]; print(b['block_n'], b['num_warps'], b['num_stages'])" 2>/dev/null)
+b = r['sweep'][0]; print(b['block_n'], b['num_warps'], b['num_stages'])" 2>/dev/null)  # none: no sweep
     if [ -n "$tile" ] && [ "$tile" != "64 2 3" ]; then
         echo "the sweep's best FP8 tile: $tile"
         with_decode "d.FAT_TILE = tuple(int(v) for v in '$tile'.split())" "${W1[@]}" "${FP8[@]}" --peer-result "$before"
@@ -41,7 +42,7 @@ b = r['sweep'][0]; print(b['block_n'], b['num_warps'], b['num_stages'])" 2>/dev/
     fi
     python3 -m pagoda.runtime.cli "${W1[@]}"
 }
-stage_sweep() { timeout 200 python3 e2e/decode_fp8_sweep.py --quick --out "$OUT"; }
+stage_sweep() { timeout 200 python3 e2e/decode_fp8_sweep.py ${SWEEP_ARGS:---quick} --out "$OUT"; }
 stage_correct() { timeout 240 python3 e2e/gpu_fp8.py --out "$OUT/gpu-fp8-correctness-${PAGODA_COMMIT:-local}.json"; }
 for stage in "${STAGES[@]}"; do
     echo "=== $stage ($(date -u +%H:%M:%S))"
