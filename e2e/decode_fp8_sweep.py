@@ -100,6 +100,8 @@ def main() -> int:
         row = {"batch": batch, "context": context, "bf16_cache": point(batch, context, bs, bf16),
                "fp8_f16_dot": point(batch, context, bs, fp8), "fp8_widen_bf16": widened,
                "fp8_v_bytes": bytes_point, "v_pairs_same_bits": bool(torch.equal(got, by_bytes)),
+               "max_diff_v_pairs_v_bytes": float((got.float() - by_bytes.float()).abs().max()),
+               "max_err_v_bytes": float((by_bytes.float() - want.float()).abs().max()),
                "max_err_f16_dot": float((got.float() - want.float()).abs().max()),
                "max_err_widen_bf16": float((old.float() - want.float()).abs().max())}
         row["fp8_over_bf16_time"] = round(row["fp8_f16_dot"]["ms"] / row["bf16_cache"]["ms"], 3)
@@ -108,7 +110,8 @@ def main() -> int:
         print(f"{batch}x{context}: bf16 {row['bf16_cache']['achieved_tb_per_s']} TB/s "
               f"{row['bf16_cache']['ms']} ms; fp8 f16-dot {row['fp8_f16_dot']['achieved_tb_per_s']} TB/s "
               f"{row['fp8_f16_dot']['ms']} ms; V bytes {bytes_point['achieved_tb_per_s']} TB/s "
-              f"(pairs {row['v_pairs_speedup']}x, same bits {row['v_pairs_same_bits']}); "
+              f"(pairs {row['v_pairs_speedup']}x, same bits {row['v_pairs_same_bits']}, "
+              f"max diff {row['max_diff_v_pairs_v_bytes']:.2e}, bytes err {row['max_err_v_bytes']:.2e}); "
               f"fp8 widen-bf16 {widened['achieved_tb_per_s']} TB/s; "
               f"err {row['max_err_f16_dot']:.2e} / {row['max_err_widen_bf16']:.2e}", flush=True)
     grid = ((32, 64, 128), (2, 4), (2, 3, 4)) if args.quick else ((32, 64, 128), (2, 4, 8), (1, 2, 3, 4))
