@@ -1,6 +1,6 @@
 """The paged decode kernel over an FP8 (e4m3) KV cache on the GPU: bandwidth against the bf16 cache
 on the same shapes, V read as 16-bit pairs (paged_attention_decode.V_PAIRS) against V read a byte
-at a time (the same bits, checked here), the fp16 dot (attention_dot.fp8_as_f16) against the old
+at a time (whether their bits agree, and how far apart they are), the fp16 dot (attention_dot.fp8_as_f16) against the old
 widening to bf16, and a sweep of the FP8 launch's tile (block_n, num_warps, num_stages).
 
     python e2e/decode_fp8_sweep.py --out DIR [--quick]

@@ -5,7 +5,7 @@
 # stages (default all, in this order):
 #   ceilings  e2e/gpu_ceilings.py: this card's matmul and copy ceilings (runtime/tools/bench/ceilings.py's table)
 #   sweep     e2e/decode_fp8_sweep.py --quick (or $SWEEP_ARGS, say --shapes-only): both V reads per shape
-#             (same bits checked), then the tile sweep
+#             (their difference recorded), then the tile sweep
 #   w1        W1 with FP8 weights and FP8 KV: V bytes, V pairs (the engine's default), V pairs with the
 #             sweep's best FP8 tile where it differs from FAT_TILE; then W1 bf16
 #   correct   e2e/gpu_fp8.py: FP8 and FP8+KV8 logits against transformers on the 8B shape

@@ -26,8 +26,9 @@ class GpuCeilings:
 # Keyed by torch.cuda.get_device_name() exactly (nvidia-smi reports the same names).
 GPU_CEILINGS: dict[str, GpuCeilings] = {
     "NVIDIA H200": GpuCeilings("NVIDIA H200", H200_TFLOP_PER_S, H200_TB_PER_S, "BENCHMARKS.md, measured on the H200"),
-    # "NVIDIA H100 80GB HBM3" (H100 SXM): to be filled in from e2e/gpu_ceilings.py's measurement, as
-    #   GpuCeilings("NVIDIA H100 80GB HBM3", <bf16 TFLOP/s>, <copy TB/s>, "<where measured>"),
+    # H100 SXM, by e2e/gpu_ceilings.py on 2026-12-06 (FP8 _scaled_mm there: 1,379 TFLOP/s, 1.78x bf16)
+    "NVIDIA H100 80GB HBM3": GpuCeilings("NVIDIA H100 80GB HBM3", 776.4, 3.03,
+                                         "e2e/results/v-pairs-adb8df4/gpu-ceilings-NVIDIA-H100-80GB-HBM3.json"),
 }
 
 # Exact names only, no prefix matching: variants share prefixes but not ceilings ("NVIDIA H200 NVL"
@@ -36,6 +37,7 @@ GPU_CEILINGS: dict[str, GpuCeilings] = {
 # short names a person passes to `bench serve --gpu`.
 ALIASES: dict[str, str] = {
     "H200": "NVIDIA H200",
+    "H100": "NVIDIA H100 80GB HBM3",
 }
 
 
