@@ -31,7 +31,6 @@ parallelism (whole experts per rank) is not done yet.
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
@@ -146,14 +145,11 @@ def _down_kernel(
 
 def default_config(num_pairs: int, num_experts: int, device: torch.device) -> dict:
     """Tiles where moe_tiles.json has none for this GPU and shape: small for decode-sized batches
-    (few rows per expert), larger for prefill; first guesses (PAGODA_MOE_CONFIG='bm,bn,bk,warps,
-    stages' overrides both for a hand sweep). Small under the interpreter so the CPU tests stay
-    quick."""
+    (few rows per expert), larger for prefill; first guesses (the engine's --moe-tile overrides
+    both for a hand sweep, through fused_moe's config). Small under the interpreter so the CPU
+    tests stay quick."""
     if device.type != "cuda":
         return dict(block_m=16, block_n=16, block_k=16, num_warps=1, num_stages=1)
-    if override := os.environ.get("PAGODA_MOE_CONFIG"):
-        bm, bn, bk, warps, stages = (int(v) for v in override.split(","))
-        return dict(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
     if num_pairs <= 4 * num_experts:  # under ~4 rows per expert: each expert's weights are one stream
         return dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)
     if num_pairs <= 32 * num_experts:
@@ -192,7 +188,7 @@ def fused_moe(
         assert w13.dtype == w2.dtype == FP8_DTYPE and w2_scale is not None, "FP8 experts: e4m3 w13 and w2, both scales"
         assert w13_scale.shape == (num_experts, two_inter) and w2_scale.shape == (num_experts, hidden)
         assert w13_scale.stride(1) == 1 and w2_scale.stride(1) == 1
-    if config is None and not os.environ.get("PAGODA_MOE_CONFIG"):
+    if config is None:
         config = tuned_tile(num_tokens, num_experts, hidden, inter, w13.dtype, x.device)
     cfg = config or default_config(num_pairs, num_experts, x.device)
     bm = cfg["block_m"]

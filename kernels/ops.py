@@ -144,11 +144,12 @@ _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 def configure(enable_gemv: bool = True, fused_rope_kv: bool = True, pdl: bool = False, fold_gemv: bool = True,
               fold_residual: bool = False, gemv_tma: bool = False, fold_rope_kv: bool = True,
-              device: torch.device | None = None) -> None:
+              moe_tile: dict | None = None, device: torch.device | None = None) -> None:
     """Install the engine's kernel choices; the model runner calls it once, when it starts (each
     tensor-parallel worker too), before any kernel runs. pdl (kernels/pdl.py) takes effect only on
     a GPU that has it (an older GPU logs a warning; the CPU needs none)."""
-    global GEMV_ENABLED, FUSED_ROPE_KV, FOLD_GLU, FOLD_SUMSQ, FOLD_ROPE_KV
+    global GEMV_ENABLED, FUSED_ROPE_KV, FOLD_GLU, FOLD_SUMSQ, FOLD_ROPE_KV, MOE_TILE
+    MOE_TILE = dict(moe_tile) if moe_tile else None
     GEMV_ENABLED, FUSED_ROPE_KV, FOLD_GLU, FOLD_SUMSQ = enable_gemv, fused_rope_kv, fold_gemv, fold_residual
     FOLD_ROPE_KV = fold_rope_kv
     # the TMA GEMV needs a CUDA GPU; its modules import Triton, which a CPU process never loads for this
@@ -363,6 +364,9 @@ def moe_route(router_logits, top_k: int, renormalize: bool):
 # False runs FP8 experts weight-only (W8A16) even where the checkpoint's scheme quantizes activations,
 # so a benchmark can compare the two (runtime/quantization/fp8_moe.apply).
 MOE_FP8_W8A8 = True
+# --moe-tile: one fused-MoE launch (kernels/fused_moe.py's config dict) for every expert GEMM, in
+# place of the tuned table and the defaults; None: the table, then the defaults.
+MOE_TILE: dict | None = None
 
 
 def fused_moe(x, w13, w2, topk_weights, topk_ids, activation: str = "silu", **fp8):
@@ -373,7 +377,7 @@ def fused_moe(x, w13, w2, topk_weights, topk_ids, activation: str = "silu", **fp
     if _on_gpu(x):
         from pagoda.kernels.fused_moe import fused_moe as triton_fused_moe
 
-        return triton_fused_moe(x, w13, w2, topk_weights, topk_ids, activation, **fp8)
+        return triton_fused_moe(x, w13, w2, topk_weights, topk_ids, activation, config=MOE_TILE, **fp8)
     if fp8.get("w13_scale") is not None:
         from pagoda.kernels.fused_moe_ref import fused_moe_fp8_ref
 

@@ -50,6 +50,27 @@ def model_len(value: str) -> int | None:
     return human_int(value)
 
 
+def moe_tile(value: str) -> str:
+    """--moe-tile: 'BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES', five positive integers, the block sizes
+    powers of two (Triton's tl.arange needs them); returned as given, parsed by moe_tile_config."""
+    moe_tile_config(value)
+    return value
+
+
+def moe_tile_config(value: str | None) -> dict | None:
+    """The fused-MoE launch a --moe-tile names (kernels/fused_moe.py's config dict), None for unset."""
+    if value is None:
+        return None
+    parts = str(value).split(",")
+    try:
+        bm, bn, bk, warps, stages = (int(v) for v in parts)
+    except ValueError:
+        raise ValueError(f"moe_tile must be 'BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES' (five integers); got {value!r}")
+    if min(bm, bn, bk, warps, stages) < 1 or any(b & (b - 1) for b in (bm, bn, bk, warps)):
+        raise ValueError(f"moe_tile's block sizes and warps must be powers of two and its stages >= 1; got {value!r}")
+    return dict(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
+
+
 def knob(default, help: str, *, type=None, choices=None, flag: str | None = None, aliases=(),
          nargs=None, metavar=None, cli: bool = True, negatable: bool = True):
     """A field of EngineArgs, described for the command line. flag: the name when it differs from
@@ -160,6 +181,11 @@ class EngineArgs:
                                      "writes k and v to the KV cache in its epilogue (kernels/gemv_rope.py), so no "
                                      "rotary kernel runs",
                               type=bool)
+    # A hand sweep's override (e2e/moe_gpu_sweep.py measures the table instead); it was the
+    # PAGODA_MOE_CONFIG env var.
+    moe_tile: str | None = knob(None, "one fused-MoE launch for every expert GEMM, 'BLOCK_M,BLOCK_N,BLOCK_K,"
+                                      "WARPS,STAGES', in place of kernels/moe_tiles.json's tuned tiles and the "
+                                      "defaults (for a hand sweep)", type=moe_tile, metavar="BM,BN,BK,WARPS,STAGES")
     tp_start_timeout_s: float = knob(1800.0, "seconds tensor-parallel workers may take to load their shards",
                                      type=float, flag="--tp-start-timeout", metavar="SECONDS")
     # vLLM's --runner: pooling serves embeddings (/v1/embeddings, LLM.embed) instead of text.
@@ -207,6 +233,7 @@ class EngineArgs:
                              f"got {self.quantization!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; got {self.kv_cache_dtype!r}")
+        moe_tile_config(self.moe_tile)
         if isinstance(self.served_model_name, str):
             self.served_model_name = [self.served_model_name]
 

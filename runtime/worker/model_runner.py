@@ -30,6 +30,7 @@ from pagoda.runtime.core.kv.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.outputs import TokenLogprobs
 from pagoda.runtime.core.request import Request
 from pagoda.runtime.core.scheduler import SchedulerOutput
+from pagoda.runtime.engine_args import moe_tile_config
 from pagoda.runtime.model_config import ModelConfig
 from pagoda.runtime.worker.attention_context import AttentionContext, attention_context
 from pagoda.runtime.worker.cuda_graphs import DecodeGraphs, capture_sizes, padded_size
@@ -105,6 +106,7 @@ class ModelRunner:
         fold_residual: bool = False,
         gemv_tma: bool = False,
         fold_rope_kv: bool = True,
+        moe_tile: str | None = None,
         pooling_type: str | None = None,
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",
@@ -113,7 +115,8 @@ class ModelRunner:
     ):
         # once, before any kernel
         ops.configure(enable_gemv=enable_gemv, fused_rope_kv=fused_rope_kv, pdl=enable_pdl, fold_gemv=fold_gemv,
-                      fold_residual=fold_residual, gemv_tma=gemv_tma, fold_rope_kv=fold_rope_kv, device=device)
+                      fold_residual=fold_residual, gemv_tma=gemv_tma, fold_rope_kv=fold_rope_kv,
+                      moe_tile=moe_tile_config(moe_tile), device=device)
         self.model_config = model_config
         self.device = device
         self.dtype = TORCH_DTYPES[model_config.dtype]

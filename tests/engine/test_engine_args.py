@@ -45,6 +45,21 @@ def test_vllm_flag_forms_parse():
         _serve("--no-disable-log-stats")
 
 
+def test_moe_tile_is_checked_where_it_is_given():
+    """--moe-tile (once the PAGODA_MOE_CONFIG env var) names one fused-MoE launch; a malformed one
+    is refused by the parser and by EngineArgs, naming the knob, before any model loads."""
+    from pagoda.runtime.engine_args import moe_tile_config
+
+    engine = engine_args_from(_serve("--moe-tile", "16,64,128,4,3"))
+    assert moe_tile_config(engine.moe_tile) == dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3)
+    assert moe_tile_config(EngineArgs(model="m").moe_tile) is None
+    for bad in ("16,64,128,4", "16,64,x,4,3", "24,64,128,4,3", "16,64,128,4,0"):
+        with pytest.raises(SystemExit):
+            _serve("--moe-tile", bad)
+        with pytest.raises(ValueError, match="moe_tile"):
+            EngineArgs(model="m", moe_tile=bad)
+
+
 def test_unknown_keyword_names_close_matches(tiny_models):
     from pagoda.runtime import LLM
 
@@ -100,6 +115,8 @@ def _other_value(f):
         return next(c for c in meta["choices"] if c != default)
     if meta["nargs"]:
         return ["a", "b"]
+    if f.name == "moe_tile":
+        return "16,32,64,4,2"
     if meta["type"] is float:
         return 0.5 if default != 0.5 else 0.25
     if meta["type"] is str:

@@ -16,7 +16,9 @@ from pagoda.runtime.worker.distributed import launch
 # ops.configure's keywords that come from EngineArgs knobs of the same name (pdl: enable_pdl)
 SWITCHES = {"enable_gemv": "enable_gemv", "fused_rope_kv": "fused_rope_kv", "pdl": "enable_pdl",
             "fold_gemv": "fold_gemv", "fold_residual": "fold_residual", "gemv_tma": "gemv_tma",
-            "fold_rope_kv": "fold_rope_kv"}
+            "fold_rope_kv": "fold_rope_kv", "moe_tile": "moe_tile"}
+# a value other than each non-boolean knob's default
+NOT_DEFAULT = {"moe_tile": "16,32,64,4,2"}
 
 
 def test_every_configure_switch_has_a_knob_and_the_runner_takes_it():
@@ -30,7 +32,7 @@ def test_every_configure_switch_has_a_knob_and_the_runner_takes_it():
 
 
 def test_non_default_switches_travel_both_ways_to_the_runner():
-    flipped = {knob: not getattr(EngineArgs(model="m"), knob) for knob in SWITCHES.values()}
+    flipped = {knob: NOT_DEFAULT.get(knob, not getattr(EngineArgs(model="m"), knob)) for knob in SWITCHES.values()}
     args = EngineArgs(model="m", **flipped)
     one_process = executor.runner_options(args)
     # as executor.build_executor hands them to TensorParallelExecutor, which builds its WorkerSpec
@@ -49,5 +51,16 @@ def test_configure_installs_the_rope_fold_switch():
         assert ops.FOLD_ROPE_KV is False
         ops.configure(device=torch.device("cpu"))
         assert ops.FOLD_ROPE_KV is True  # the default since the H100 measured it ahead
+    finally:
+        ops.configure(device=torch.device("cpu"))
+
+
+def test_configure_installs_the_moe_tile_and_the_runner_parses_it():
+    try:
+        ops.configure(moe_tile=dict(block_m=16, block_n=32, block_k=64, num_warps=4, num_stages=2),
+                      device=torch.device("cpu"))
+        assert ops.MOE_TILE == dict(block_m=16, block_n=32, block_k=64, num_warps=4, num_stages=2)
+        ops.configure(device=torch.device("cpu"))
+        assert ops.MOE_TILE is None  # the tuned table, then the defaults
     finally:
         ops.configure(device=torch.device("cpu"))
