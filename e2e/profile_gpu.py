@@ -112,8 +112,13 @@ def kernel_table(fn, top: int = 25) -> list[dict]:
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         fn()
         torch.cuda.synchronize()
+    from torch.autograd import DeviceType
+
     rows = []
     for e in prof.key_averages():
+        # kernel and memset rows only: an op's row (aten::mm) repeats the time of the kernels it launched
+        if e.device_type == DeviceType.CPU:
+            continue
         dev_us = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
         if dev_us > 0:
             rows.append({"name": e.key[:90], "count": e.count, "gpu_ms": round(dev_us / 1e3, 3)})
