@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -163,6 +164,44 @@ def test_serving_image_needs_no_matplotlib():
             "assert 'matplotlib' not in sys.modules")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def _imported_distributions(folders: list[str], skip: tuple[str, ...]) -> dict[str, set[str]]:
+    """Third-party distribution -> the files that import it, anywhere in a module (xgrammar is
+    imported inside functions), for the .py files under folders outside skip."""
+    by_module = md.packages_distributions()
+    found: dict[str, set[str]] = {}
+    for folder in folders:
+        for path in (ROOT / folder).rglob("*.py"):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel.startswith(skip):
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for top in {n.split(".")[0] for n in names} - set(sys.stdlib_module_names) - {"pagoda"}:
+                    for dist in by_module.get(top, [top]):
+                        found.setdefault(dist.lower().replace("_", "-"), set()).add(rel)
+    return found
+
+
+def test_serving_image_installs_what_the_server_imports():
+    """Every third-party package that the serving image's code imports comes with the extras that
+    Dockerfile.runtime installs, read from pyproject.toml (not the installed metadata, which lags an
+    edit). xgrammar once sat in `bench` beside matplotlib, so the image served no json_schema."""
+    extras = re.search(r'pip install "\.\[([a-z,]+)\]"', (ROOT / "Dockerfile.runtime").read_text())[1].split(",")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [*project["dependencies"], *(r for e in extras for r in project["optional-dependencies"][e])]
+    image = _closure([Requirement(r) for r in wanted], set())
+    # runtime/tools/ is the bench, the tiny models and the demo: the `bench` and `test` extras' code
+    imported = _imported_distributions(["runtime", "kernels", "router"], skip=("runtime/tools/",))
+    assert "xgrammar" in imported and "fastapi" in imported  # the scan sees lazy and top-level imports
+    missing = {dist: sorted(files)[:3] for dist, files in imported.items() if dist not in image}
+    assert not missing, f"imported by the serving image's code but not installed by {extras}: {missing}"
 
 
 def test_bench_result_without_matplotlib_writes_the_json(tmp_path, monkeypatch):
