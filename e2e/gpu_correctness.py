@@ -276,6 +276,7 @@ def main(argv=None) -> int:
                         help="largest mixed step replayed as piecewise graphs (the engine's default if not given)")
     parser.add_argument("--enable-pdl", action="store_true", help="the engine's --enable-pdl (kernels/pdl.py)")
     parser.add_argument("--fold-rope-kv", action="store_true", help="the engine's --fold-rope-kv (kernels/gemv_rope.py)")
+    parser.add_argument("--gemm-glu", action="store_true", help="the engine's --gemm-glu (kernels/gemm_glu.py)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script only)")
     args = parser.parse_args(argv)
     if args.max_mixed_graph_tokens is not None:
@@ -284,6 +285,8 @@ def main(argv=None) -> int:
         ENGINE_KNOBS["enable_pdl"] = True
     if args.fold_rope_kv:
         ENGINE_KNOBS["fold_rope_kv"] = True
+    if args.gemm_glu:
+        ENGINE_KNOBS["gemm_glu"] = True
     shapes = {k: dict(v) for k, v in SHAPES.items()}
     shapes["llama-3.1-8b"]["num_hidden_layers"] = args.llama_layers
     if args.smoke:

@@ -31,7 +31,6 @@ parallelism (whole experts per rank) is not done yet.
 
 from __future__ import annotations
 
-
 import torch
 import triton
 import triton.language as tl

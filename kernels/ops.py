@@ -144,11 +144,12 @@ _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 def configure(enable_gemv: bool = True, fused_rope_kv: bool = True, pdl: bool = False, fold_gemv: bool = True,
               fold_residual: bool = False, gemv_tma: bool = False, fold_rope_kv: bool = True,
-              moe_tile: dict | None = None, device: torch.device | None = None) -> None:
+              moe_tile: dict | None = None, gemm_glu: bool = False, device: torch.device | None = None) -> None:
     """Install the engine's kernel choices; the model runner calls it once, when it starts (each
     tensor-parallel worker too), before any kernel runs. pdl (kernels/pdl.py) takes effect only on
     a GPU that has it (an older GPU logs a warning; the CPU needs none)."""
-    global GEMV_ENABLED, FUSED_ROPE_KV, FOLD_GLU, FOLD_SUMSQ, FOLD_ROPE_KV, MOE_TILE
+    global GEMV_ENABLED, FUSED_ROPE_KV, FOLD_GLU, FOLD_SUMSQ, FOLD_ROPE_KV, MOE_TILE, GEMM_GLU
+    GEMM_GLU = gemm_glu
     MOE_TILE = dict(moe_tile) if moe_tile else None
     GEMV_ENABLED, FUSED_ROPE_KV, FOLD_GLU, FOLD_SUMSQ = enable_gemv, fused_rope_kv, fold_gemv, fold_residual
     FOLD_ROPE_KV = fold_rope_kv
@@ -210,6 +211,26 @@ def linear(x, weight, bias=None):
 
         return gemv(x, weight, bias, config=config)
     return F.linear(x, weight, bias)
+
+
+# The engine's --gemm-glu (configure()): from GEMM_GLU_MIN_ROWS rows the gate|up GEMM is a Triton
+# kernel with silu(gate) * up in its epilogue (kernels/gemm_glu.py), so the two halves never go
+# through memory; fewer rows keep cuBLAS, and at 1-4 the GEMV folds the activation into down_proj.
+GEMM_GLU = False
+GEMM_GLU_MIN_ROWS = 64
+
+
+def gemm_glu(x, weight, activation: str = "silu"):
+    """act(gate) * up of the merged gate|up projection x @ weight^T from one kernel where --gemm-glu
+    takes it (CUDA, 16-bit floats throughout, GEMM_GLU_MIN_ROWS rows or more), else None."""
+    if not GEMM_GLU or not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] == 0:
+        return None
+    if not (_on_gpu(x) and x.dtype in _GEMV_DTYPES and weight.dtype == x.dtype and weight.dim() == 2
+            and weight.stride(1) == 1 and x.numel() // x.shape[-1] >= GEMM_GLU_MIN_ROWS):
+        return None
+    from pagoda.kernels.gemm_glu import gemm_glu as triton_gemm_glu
+
+    return triton_gemm_glu(x, weight, activation)
 
 
 def silu_and_mul_linear(x, weight, bias=None):

@@ -65,7 +65,7 @@ def moe_tile_config(value: str | None) -> dict | None:
     try:
         bm, bn, bk, warps, stages = (int(v) for v in parts)
     except ValueError:
-        raise ValueError(f"moe_tile must be 'BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES' (five integers); got {value!r}")
+        raise ValueError(f"moe_tile must be 'BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES' (five integers); got {value!r}") from None
     if min(bm, bn, bk, warps, stages) < 1 or any(b & (b - 1) for b in (bm, bn, bk, warps)):
         raise ValueError(f"moe_tile's block sizes and warps must be powers of two and its stages >= 1; got {value!r}")
     return dict(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
@@ -181,6 +181,10 @@ class EngineArgs:
                                      "writes k and v to the KV cache in its epilogue (kernels/gemv_rope.py), so no "
                                      "rotary kernel runs",
                               type=bool)
+    # Off until a GPU measures it against cuBLAS + silu_and_mul (e2e/gemm_glu_gpu_bench.py, run_gemm_glu.sh).
+    gemm_glu: bool = knob(False, "at 64 rows or more (bf16/fp16 weights), the MLP's gate|up GEMM computes "
+                                 "silu(gate) * up in its epilogue (kernels/gemm_glu.py) instead of cuBLAS, then "
+                                 "the activation kernel", type=bool)
     # A hand sweep's override (e2e/moe_gpu_sweep.py measures the table instead); it was the
     # PAGODA_MOE_CONFIG env var.
     moe_tile: str | None = knob(None, "one fused-MoE launch for every expert GEMM, 'BLOCK_M,BLOCK_N,BLOCK_K,"

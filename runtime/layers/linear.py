@@ -94,10 +94,13 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
     def forward_glu(self, x) -> torch.Tensor | None:
         """silu(gate) * up of this gate|up layer's output where one kernel computes both (an FP8
-        layer at one row: fp8_linear.glu), else None."""
-        if self.fp8 is not None and fp8_linear.is_fp8(self.weight) and len(self.output_sizes) == 2:
+        layer at one row: fp8_linear.glu; a 16-bit layer at many rows with --gemm-glu:
+        ops.gemm_glu), else None."""
+        if len(self.output_sizes) != 2:
+            return None
+        if self.fp8 is not None and fp8_linear.is_fp8(self.weight):
             return fp8_linear.glu(self, x, self.bias)
-        return None
+        return ops.gemm_glu(x, self.weight) if self.bias is None else None
 
 
 class QKVParallelLinear(ColumnParallelLinear):

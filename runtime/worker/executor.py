@@ -70,7 +70,7 @@ def runner_options(args) -> dict:
                 max_mixed_graph_tokens=args.max_mixed_graph_tokens, enable_gemv=args.enable_gemv,
                 fused_rope_kv=args.fused_rope_kv, enable_pdl=args.enable_pdl, fold_gemv=args.fold_gemv,
                 fold_residual=args.fold_residual, gemv_tma=args.gemv_tma, fold_rope_kv=args.fold_rope_kv,
-                moe_tile=args.moe_tile,
+                moe_tile=args.moe_tile, gemm_glu=args.gemm_glu,
                 quantization=args.quantization,
                 kv_cache_dtype=args.kv_cache_dtype)
 

@@ -107,6 +107,7 @@ class ModelRunner:
         gemv_tma: bool = False,
         fold_rope_kv: bool = True,
         moe_tile: str | None = None,
+        gemm_glu: bool = False,
         pooling_type: str | None = None,
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",
@@ -116,7 +117,7 @@ class ModelRunner:
         # once, before any kernel
         ops.configure(enable_gemv=enable_gemv, fused_rope_kv=fused_rope_kv, pdl=enable_pdl, fold_gemv=fold_gemv,
                       fold_residual=fold_residual, gemv_tma=gemv_tma, fold_rope_kv=fold_rope_kv,
-                      moe_tile=moe_tile_config(moe_tile), device=device)
+                      moe_tile=moe_tile_config(moe_tile), gemm_glu=gemm_glu, device=device)
         self.model_config = model_config
         self.device = device
         self.dtype = TORCH_DTYPES[model_config.dtype]

@@ -16,7 +16,8 @@ from pagoda.runtime.worker.distributed import launch
 # ops.configure's keywords that come from EngineArgs knobs of the same name (pdl: enable_pdl)
 SWITCHES = {"enable_gemv": "enable_gemv", "fused_rope_kv": "fused_rope_kv", "pdl": "enable_pdl",
             "fold_gemv": "fold_gemv", "fold_residual": "fold_residual", "gemv_tma": "gemv_tma",
-            "fold_rope_kv": "fold_rope_kv", "moe_tile": "moe_tile"}
+            "fold_rope_kv": "fold_rope_kv", "moe_tile": "moe_tile",
+            "gemm_glu": "gemm_glu"}
 # a value other than each non-boolean knob's default
 NOT_DEFAULT = {"moe_tile": "16,32,64,4,2"}
 

@@ -50,6 +50,7 @@ class WorkerSpec:
     gemv_tma: bool = False
     fold_rope_kv: bool = True
     moe_tile: str | None = None
+    gemm_glu: bool = False
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
     start_timeout_s: float = 1800.0  # a 70B load is slow
@@ -65,7 +66,7 @@ def runner_options(spec: WorkerSpec) -> dict:
                 enable_gemv=spec.enable_gemv, fused_rope_kv=spec.fused_rope_kv,
                 enable_pdl=spec.enable_pdl, fold_gemv=spec.fold_gemv,
                 fold_residual=spec.fold_residual, gemv_tma=spec.gemv_tma, fold_rope_kv=spec.fold_rope_kv,
-                moe_tile=spec.moe_tile,
+                moe_tile=spec.moe_tile, gemm_glu=spec.gemm_glu,
                 pooling_type=spec.pooling_type,
                 quantization=spec.quantization, kv_cache_dtype=spec.kv_cache_dtype)
 

@@ -1,0 +1,123 @@
+"""Triton GEMM for the gated MLP's gate|up projection with the activation in its epilogue:
+out = act(x @ gate^T) * (x @ up^T), for batches too wide for the GEMV (prefill, mixed steps, decode
+at many seats).
+
+Why. Through cuBLAS the projection writes both halves ([M, 2 * inter]), and silu_and_mul reads them
+back and writes [M, inter]: three passes over activations that the GEMM had in registers. On the
+0.5B W4 model at 1,024 seats that pass was 11.6% of the kernel time (e2e/results/fp8-peer-34f5b5f/)
+and it runs at the copy bandwidth already, so only removing it helps.
+
+Launch. Each program owns BLOCK_M rows and BLOCK_N columns of the output, so it reads BLOCK_N
+rows of gate and the same BLOCK_N rows of up (inter rows further down the merged weight) and keeps
+two accumulators. Programs are ordered in groups of GROUP_M row tiles, so a group's weight tiles
+are read while they are still in L2. M is not specialised (do_not_specialize): any batch reuses
+the launch compiled at warm-up, which the engine's compile watch would otherwise flag.
+
+Rounding follows the reference (F.linear, then silu_and_mul): each projection is rounded to x's
+dtype, then the activation, then the product. The sums run in another order than cuBLAS's, so
+the bits may differ in the last place, as with any two GEMMs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from pagoda.kernels.attention_dot import _dot, dot_precision
+
+
+@dataclass(frozen=True)
+class GluGemmConfig:
+    block_m: int = 128
+    block_n: int = 64
+    block_k: int = 64
+    group_m: int = 8
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+# First guesses for Hopper until a sweep (e2e/gemm_glu_gpu_bench.py) fills them: the widest tile that
+# keeps two fp32 accumulators in registers at 8 warps. The interpreter takes a small tile so CPU tests stay quick.
+DEFAULT = GluGemmConfig()
+INTERPRETED = GluGemmConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=1, num_stages=1)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _gemm_glu_kernel(
+    x_ptr, w_ptr, out_ptr, M, inter, K,
+    stride_xm, stride_wn, stride_om,
+    ACTIVATION: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(inter, BLOCK_N)
+    in_group = GROUP_M * tiles_n
+    first_m = (pid // in_group) * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % group_rows
+    pid_n = (pid % in_group) // group_rows
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < inter
+    k = tl.arange(0, BLOCK_K)
+    x_tile = x_ptr + rows.to(tl.int64)[:, None] * stride_xm + k[None, :]
+    gate_tile = w_ptr + cols.to(tl.int64)[None, :] * stride_wn + k[:, None]  # [BLOCK_K, BLOCK_N]
+    up_tile = gate_tile + inter.to(tl.int64) * stride_wn
+    acc_gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = k < K - k0
+        a = tl.load(x_tile, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w_ok = k_ok[:, None] & col_ok[None, :]
+        acc_gate += _dot(a, tl.load(gate_tile, mask=w_ok, other=0.0), PRECISION)
+        acc_up += _dot(a, tl.load(up_tile, mask=w_ok, other=0.0), PRECISION)
+        x_tile += BLOCK_K
+        gate_tile += BLOCK_K
+        up_tile += BLOCK_K
+
+    dtype = out_ptr.dtype.element_ty
+    gate = acc_gate.to(dtype).to(tl.float32)
+    up = acc_up.to(dtype).to(tl.float32)
+    if ACTIVATION == "silu":
+        act = gate / (1.0 + tl.exp(-gate))
+    else:  # gelu_tanh; tanh(z) = 1 - 2 / (exp(2z) + 1)
+        z = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+        act = 0.5 * gate * (2.0 - 2.0 / (tl.exp(2.0 * z) + 1.0))
+    h = act.to(dtype).to(tl.float32) * up
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :], h.to(dtype),
+             mask=row_ok[:, None] & col_ok[None, :])
+
+
+def gemm_glu(x: torch.Tensor, weight: torch.Tensor, activation: str = "silu",
+             config: GluGemmConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """act(x @ weight[:inter]^T) * (x @ weight[inter:]^T) for x [..., K] and the merged gate|up
+    weight [2 * inter, K]; returns [..., inter] in x's dtype (into out if given)."""
+    assert activation in ("silu", "gelu_tanh"), activation
+    two_inter, K = weight.shape
+    assert two_inter % 2 == 0 and x.shape[-1] == K and weight.stride(1) == 1
+    inter = two_inter // 2
+    x2 = x.reshape(-1, K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    M = x2.shape[0]
+    if out is None:
+        out = torch.empty(*x.shape[:-1], inter, dtype=x.dtype, device=x.device)
+    out2 = out.view(-1, inter)
+    if M == 0:
+        return out
+    cfg = config or (DEFAULT if x.is_cuda else INTERPRETED)
+    grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(inter, cfg.block_n),)
+    _gemm_glu_kernel[grid](
+        x2, weight, out2, M, inter, K,
+        x2.stride(0), weight.stride(0), out2.stride(0),
+        ACTIVATION=activation, PRECISION=dot_precision(x2),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out

@@ -1,0 +1,60 @@
+"""The gate|up GEMM with the activation in its epilogue (kernels/gemm_glu.py) against its reference,
+F.linear then silu_and_mul (or gelu_tanh_and_mul), under TRITON_INTERPRET=1: ragged rows, columns
+and K tails, several tiles and program groups, fp32, fp16 and bf16."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from kernel_testing import tolerance
+
+from pagoda.kernels.activation_ref import gelu_tanh_and_mul_ref, silu_and_mul_ref
+from pagoda.kernels.gemm_glu import GluGemmConfig, gemm_glu
+
+REFERENCE = {"silu": silu_and_mul_ref, "gelu_tanh": gelu_tanh_and_mul_ref}
+# 3 x 3 row tiles in groups of 2: the last group is short, so its column order is the general case
+SMALL = GluGemmConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=1, num_stages=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("rows,k,inter", [(1, 32, 16), (37, 40, 40), (48, 64, 48)])
+def test_gemm_glu_matches_linear_then_activation(dtype, activation, rows, k, inter):
+    torch.manual_seed(rows + k + inter)
+    x = torch.randn(rows, k).to(dtype)
+    weight = (torch.randn(2 * inter, k) * k**-0.5).to(dtype)
+    got = gemm_glu(x, weight, activation, config=SMALL)
+    want = REFERENCE[activation](F.linear(x, weight))
+    assert got.shape == (rows, inter) and got.dtype == dtype
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, **tolerance(dtype))
+        return
+    # 16-bit: the projections round before the product, so a sum that lands one ulp apart from
+    # F.linear's (another order) moves the output by a few ulps. Element-wise a few ulps; and in fp16,
+    # which the interpreter rounds to nearest (it truncates to bf16), on average as close to the exact
+    # fp32 value as the reference path is.
+    torch.testing.assert_close(got, want, rtol=4e-2, atol=4e-2)
+    if dtype == torch.float16:
+        exact = REFERENCE[activation](F.linear(x.float(), weight.float()))
+        ours, theirs = (got.float() - exact).abs().mean(), (want.float() - exact).abs().mean()
+        assert ours <= 1.25 * theirs + 1e-6, (ours, theirs)
+
+
+def test_gemm_glu_keeps_leading_dims_writes_into_out_and_takes_no_rows():
+    x = torch.randn(2, 5, 32)
+    weight = torch.randn(48, 32) / 32**0.5
+    out = torch.full((2, 5, 24), float("nan"))
+    assert gemm_glu(x, weight, out=out, config=SMALL) is out
+    torch.testing.assert_close(out, silu_and_mul_ref(F.linear(x, weight)), **tolerance(torch.float32))
+    empty = gemm_glu(torch.empty(0, 32), weight, config=SMALL)
+    assert empty.shape == (0, 24)
+
+
+def test_gemm_glu_reads_gate_then_up_rows():
+    """gate is the weight's first half: swapping the halves must change the output (the kernel does
+    not read both from one place)."""
+    x = torch.randn(20, 32)
+    weight = torch.randn(64, 32) / 32**0.5
+    swapped = torch.cat([weight[32:], weight[:32]])
+    a, b = gemm_glu(x, weight, config=SMALL), gemm_glu(x, swapped, config=SMALL)
+    torch.testing.assert_close(b, silu_and_mul_ref(F.linear(x, swapped)), **tolerance(torch.float32))
+    assert not torch.allclose(a, b)
