@@ -92,15 +92,15 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         offset, size, start = self.output_rows(shard_id)
         param.data.narrow(0, offset, size).copy_(narrow(loaded, 0, start, size))
 
-    def forward_glu(self, x) -> torch.Tensor | None:
-        """silu(gate) * up of this gate|up layer's output where one kernel computes both (an FP8
-        layer at one row: fp8_linear.glu; a 16-bit layer at many rows with --gemm-glu:
+    def forward_glu(self, x, activation: str = "silu") -> torch.Tensor | None:
+        """act(gate) * up of this gate|up layer's output where one kernel computes both (an FP8
+        layer at one row, SiLU only: fp8_linear.glu; a 16-bit layer at many rows with --gemm-glu:
         ops.gemm_glu), else None."""
         if len(self.output_sizes) != 2:
             return None
         if self.fp8 is not None and fp8_linear.is_fp8(self.weight):
-            return fp8_linear.glu(self, x, self.bias)
-        return ops.gemm_glu(x, self.weight) if self.bias is None else None
+            return fp8_linear.glu(self, x, self.bias) if activation == "silu" else None
+        return ops.gemm_glu(x, self.weight, activation) if self.bias is None else None
 
 
 class QKVParallelLinear(ColumnParallelLinear):

@@ -22,6 +22,9 @@ from pagoda.runtime.models.llama import LlamaDecoderLayer, LlamaForCausalLM, Lla
 
 class GemmaMLP(LlamaMLP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        act = self.gate_up_proj.forward_glu(x, "gelu_tanh")  # --gemm-glu at many rows
+        if act is not None:
+            return self.down_proj(act)
         return self.down_proj(ops.gelu_tanh_and_mul(self.gate_up_proj(x)))
 
 

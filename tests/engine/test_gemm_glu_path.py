@@ -28,9 +28,9 @@ def kernel_calls(monkeypatch):
     ops.configure(device=torch.device("cpu"))
 
 
-def mlp(dtype):
+def mlp(dtype, cls=LlamaMLP):
     cfg = SimpleNamespace(hidden_size=HIDDEN, intermediate_size=INTER)
-    block = LlamaMLP(cfg)
+    block = cls(cfg)
     torch.manual_seed(0)
     for layer in (block.gate_up_proj, block.down_proj):
         layer.weight.data = (torch.randn(layer.weight.shape) / layer.weight.shape[1] ** 0.5).to(dtype)
@@ -51,6 +51,18 @@ def test_the_mlp_takes_the_fused_kernel_from_the_threshold_and_matches(kernel_ca
     torch.testing.assert_close(fused, unfused, rtol=2e-2, atol=2e-2)
     block(x[:7])  # under the threshold: cuBLAS and silu_and_mul
     assert len(kernel_calls) == 1
+
+
+def test_gemma_takes_it_with_gelu_tanh(kernel_calls):
+    from pagoda.runtime.models.gemma2 import GemmaMLP
+
+    block = mlp(torch.float16, GemmaMLP)
+    x = torch.randn(12, HIDDEN).to(torch.float16)
+    ops.configure(gemm_glu=False, device=torch.device("cpu"))
+    unfused = block(x)
+    ops.configure(gemm_glu=True, device=torch.device("cpu"))
+    torch.testing.assert_close(block(x), unfused, rtol=2e-2, atol=2e-2)
+    assert kernel_calls == [torch.Size([12, HIDDEN])]
 
 
 def test_fp32_and_biased_layers_keep_the_unfused_path(kernel_calls):
