@@ -23,17 +23,10 @@ import torch
 import torch.nn.functional as F
 
 from pagoda.kernels.activation import silu_and_mul
-from pagoda.kernels.gemm_glu import DEFAULT, GluGemmConfig, gemm_glu
+from pagoda.kernels.gemm_glu import CANDIDATES, gemm_glu
 
 SHAPES = {"w4-qwen2.5-0.5b": (896, 4864), "llama-3.1-8b": (4096, 14336)}  # hidden, intermediate
-LAUNCHES = [
-    DEFAULT,
-    GluGemmConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3),
-    GluGemmConfig(block_m=128, block_n=64, block_k=64, group_m=8, num_warps=4, num_stages=4),
-    GluGemmConfig(block_m=64, block_n=64, block_k=64, group_m=8, num_warps=4, num_stages=4),
-    GluGemmConfig(block_m=128, block_n=64, block_k=128, group_m=8, num_warps=8, num_stages=2),
-    GluGemmConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=3),
-]
+LAUNCHES = CANDIDATES
 
 
 def timed(fn, reps: int = 20) -> float:

@@ -1,6 +1,7 @@
 """The one-row decode GEMVs compiled for sm_90 on this CPU machine (no GPU): registers, spills and
 the SASS instruction mix of each launch the runtime takes at one FP8 row, before a device call.
-Also the paged decode attention over an FP8 cache at its launch (paged_attention_decode.choose_tile):
+The gate|up GEMM with the activation in its epilogue (kernels/gemm_glu.py), each candidate launch:
+wgmma, cp.async pipelining, spills and shared memory. Also the paged decode attention over an FP8 cache at its launch (paged_attention_decode.choose_tile):
 its byte-wide shared-memory loads (LDS.U8), which V_PAIRS exists to remove.
 
     .venv/bin/python e2e/sm90_asm.py [--sass-top 12]
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 
-DIVISIBLE = ("N", "K", "k_per_split", "stride_xm", "stride_wn", "stride_om", "stride_rm", "stride_hm",
+DIVISIBLE = ("N", "K", "inter", "k_per_split", "stride_xm", "stride_wn", "stride_om", "stride_rm", "stride_hm",
              "stride_qt", "stride_qh", "stride_cb", "stride_cs", "stride_ch", "stride_bt", "stride_ot", "stride_oh")
 
 
@@ -79,6 +80,15 @@ def decode_fp8_launch(v_pairs: bool = True):
     return compile_sm90(decode._decode_kernel, pointers, consts, warps, stages)
 
 
+def gemm_glu_launch(cfg):
+    """kernels/gemm_glu.py's launch for one config, as the engine runs it (bf16, SiLU; M unspecialised)."""
+    from pagoda.kernels.gemm_glu import _gemm_glu_kernel
+
+    consts = dict(ACTIVATION="silu", PRECISION="tf32", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                  BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m)
+    return compile_sm90(_gemm_glu_kernel, {}, consts, cfg.num_warps, cfg.num_stages)
+
+
 def launches():
     """(label, kernel, pointer types, constexprs, num_warps, weights a thread loads per loop chunk)."""
     from pagoda.kernels import fp8_dispatch
@@ -123,6 +133,14 @@ def main(argv=None) -> int:
         info = inspect_cubin(decode_fp8_launch(v_pairs).asm["cubin"])
         print(f"{'decode fp8 v_pairs=' + str(v_pairs):28s} regs {info['regs']:3d}  spill bytes {info['stack']:4d}  "
               f"byte-wide shared loads {info['lds_u8']}")
+    from pagoda.kernels.gemm_glu import CANDIDATES
+
+    for cfg in CANDIDATES:
+        kernel = gemm_glu_launch(cfg)
+        info = inspect_cubin(kernel.asm["cubin"])
+        label = f"gemm_glu {cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
+        print(f"{label:28s} regs {info['regs']:3d}  spill bytes {info['stack']:4d}  shared bytes "
+              f"{kernel.metadata.shared}  wgmma {info['ops']['HGMMA']}  cp.async {info['ops']['LDGSTS']}")
     return 0
 
 

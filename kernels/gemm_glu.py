@@ -43,6 +43,16 @@ class GluGemmConfig:
 # keeps two fp32 accumulators in registers at 8 warps. The interpreter takes a small tile so CPU tests stay quick.
 DEFAULT = GluGemmConfig()
 INTERPRETED = GluGemmConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=1, num_stages=1)
+# What e2e/gemm_glu_gpu_bench.py measures against cuBLAS; e2e/sm90_asm.py compiles each for sm_90 on
+# the CPU (wgmma, no spills, shared memory within an H100's 227 KB).
+CANDIDATES = (
+    DEFAULT,
+    GluGemmConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3),
+    GluGemmConfig(block_m=128, block_n=64, block_k=64, group_m=8, num_warps=4, num_stages=4),
+    GluGemmConfig(block_m=64, block_n=64, block_k=64, group_m=8, num_warps=4, num_stages=4),
+    GluGemmConfig(block_m=128, block_n=64, block_k=128, group_m=8, num_warps=8, num_stages=2),
+    GluGemmConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=3),
+)
 
 
 @triton.jit(do_not_specialize=["M"])
