@@ -81,12 +81,27 @@ def decode_fp8_launch(v_pairs: bool = True):
 
 
 def gemm_glu_launch(cfg):
-    """kernels/gemm_glu.py's launch for one config, as the engine runs it (bf16, SiLU; M unspecialised)."""
-    from pagoda.kernels.gemm_glu import _gemm_glu_kernel
+    """kernels/gemm_glu.py's launch for one config, as the engine runs it (bf16, SiLU; M unspecialised;
+    the TMA form's x and weight as host tensor descriptors of the config's boxes)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from pagoda.kernels.gemm_glu import _gemm_glu_kernel, _gemm_glu_tma_kernel
 
     consts = dict(ACTIVATION="silu", PRECISION="tf32", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                   BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m)
-    return compile_sm90(_gemm_glu_kernel, {}, consts, cfg.num_warps, cfg.num_stages)
+    if not cfg.tma:
+        return compile_sm90(_gemm_glu_kernel, {}, consts, cfg.num_warps, cfg.num_stages)
+    kernel, consts = _gemm_glu_tma_kernel, dict(consts, NUM_STAGES=cfg.num_stages)
+    sig = {"x_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>",
+           "w_desc": f"tensordesc<bf16[{cfg.block_n}, {cfg.block_k}]>",
+           "out_ptr": "*bf16", "M": "i32", "inter": "i32", "K": "i32", "stride_om": "i32"}
+    sig |= {name: "constexpr" for name in consts}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names) if n in sig and n != "M"
+             and not n.endswith("_desc") and sig[n] != "constexpr"}
+    return triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps})
 
 
 def launches():
@@ -138,9 +153,11 @@ def main(argv=None) -> int:
     for cfg in CANDIDATES:
         kernel = gemm_glu_launch(cfg)
         info = inspect_cubin(kernel.asm["cubin"])
-        label = f"gemm_glu {cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
+        label = (f"gemm_glu {cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
+                 + (" tma" if cfg.tma else ""))
         print(f"{label:28s} regs {info['regs']:3d}  spill bytes {info['stack']:4d}  shared bytes "
-              f"{kernel.metadata.shared}  wgmma {info['ops']['HGMMA']}  cp.async {info['ops']['LDGSTS']}")
+              f"{kernel.metadata.shared}  wgmma {info['ops']['HGMMA']}  cp.async {info['ops']['LDGSTS']}  "
+              f"tma {info['ops']['UTMALDG']}")
     return 0
 
 

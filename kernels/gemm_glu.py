@@ -13,6 +13,10 @@ two accumulators. Programs are ordered in groups of GROUP_M row tiles, so a grou
 are read while they are still in L2. M is not specialised (do_not_specialize): any batch reuses
 the launch compiled at warm-up, which the engine's compile watch would otherwise flag.
 
+Two forms: tiles loaded through pointers (cp.async pipelining), or through tensor descriptors
+(GluGemmConfig.tma: Hopper's TMA copies whole boxes into shared memory and zero-fills past the
+ends, so no load is masked and the addresses cost no registers). The sweep picks between them.
+
 Rounding follows the reference (F.linear, then silu_and_mul): each projection is rounded to x's
 dtype, then the activation, then the product. The sums run in another order than cuBLAS's, so
 the bits may differ in the last place, as with any two GEMMs.
@@ -26,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from triton.tools.tensor_descriptor import TensorDescriptor
+
 from pagoda.kernels.attention_dot import _dot, dot_precision
 
 
@@ -37,6 +43,7 @@ class GluGemmConfig:
     group_m: int = 8
     num_warps: int = 8
     num_stages: int = 3
+    tma: bool = False  # read x and the weight through tensor descriptors (Hopper's TMA) instead of pointers
 
 
 # First guesses for Hopper until a sweep (e2e/gemm_glu_gpu_bench.py) fills them: the widest tile that
@@ -52,7 +59,62 @@ CANDIDATES = (
     GluGemmConfig(block_m=64, block_n=64, block_k=64, group_m=8, num_warps=4, num_stages=4),
     GluGemmConfig(block_m=128, block_n=64, block_k=128, group_m=8, num_warps=8, num_stages=2),
     GluGemmConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=3),
+    GluGemmConfig(block_m=128, block_n=64, block_k=64, group_m=8, num_warps=8, num_stages=3, tma=True),
+    GluGemmConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3, tma=True),
+    GluGemmConfig(block_m=128, block_n=64, block_k=64, group_m=8, num_warps=4, num_stages=4, tma=True),
 )
+
+
+@triton.jit
+def _program_tile(M, inter, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of this program, in groups of GROUP_M row tiles: a group walks one
+    stripe of weight columns while its tiles are still in L2."""
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(inter, BLOCK_N)
+    in_group = GROUP_M * tiles_n
+    first_m = (pid // in_group) * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    return first_m + (pid % in_group) % group_rows, (pid % in_group) // group_rows
+
+
+@triton.jit
+def _store_glu(out_ptr, acc_gate, acc_up, rows, cols, M, inter, stride_om, ACTIVATION: tl.constexpr):
+    """act(gate) * up into out, rounded as the reference: each projection, the activation, the product."""
+    dtype = out_ptr.dtype.element_ty
+    gate = acc_gate.to(dtype).to(tl.float32)
+    up = acc_up.to(dtype).to(tl.float32)
+    if ACTIVATION == "silu":
+        act = gate / (1.0 + tl.exp(-gate))
+    else:  # gelu_tanh; tanh(z) = 1 - 2 / (exp(2z) + 1)
+        z = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+        act = 0.5 * gate * (2.0 - 2.0 / (tl.exp(2.0 * z) + 1.0))
+    h = act.to(dtype).to(tl.float32) * up
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :], h.to(dtype),
+             mask=(rows < M)[:, None] & (cols < inter)[None, :])
+
+
+@triton.jit(do_not_specialize=["M"])
+def _gemm_glu_tma_kernel(
+    x_desc, w_desc, out_ptr, M, inter, K, stride_om,
+    ACTIVATION: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    """The same GEMM with its tiles brought into shared memory by TMA: the boxes past x's rows or the
+    weight's end come back as zeros, so no load is masked. A gate box of the last column tile may
+    reach into up's first rows when inter is not a multiple of BLOCK_N; those columns are not stored."""
+    pid_m, pid_n = _program_tile(M, inter, BLOCK_M, BLOCK_N, GROUP_M)
+    m0 = pid_m * BLOCK_M
+    n0 = pid_n * BLOCK_N
+    acc_gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        a = x_desc.load([m0, k])
+        acc_gate += _dot(a, tl.trans(w_desc.load([n0, k])), PRECISION)
+        acc_up += _dot(a, tl.trans(w_desc.load([inter + n0, k])), PRECISION)
+    _store_glu(out_ptr, acc_gate, acc_up, m0 + tl.arange(0, BLOCK_M), n0 + tl.arange(0, BLOCK_N), M, inter,
+               stride_om, ACTIVATION)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -62,15 +124,7 @@ def _gemm_glu_kernel(
     ACTIVATION: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(inter, BLOCK_N)
-    in_group = GROUP_M * tiles_n
-    first_m = (pid // in_group) * GROUP_M
-    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % group_rows
-    pid_n = (pid % in_group) // group_rows
-
+    pid_m, pid_n = _program_tile(M, inter, BLOCK_M, BLOCK_N, GROUP_M)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < M
@@ -91,17 +145,19 @@ def _gemm_glu_kernel(
         gate_tile += BLOCK_K
         up_tile += BLOCK_K
 
-    dtype = out_ptr.dtype.element_ty
-    gate = acc_gate.to(dtype).to(tl.float32)
-    up = acc_up.to(dtype).to(tl.float32)
-    if ACTIVATION == "silu":
-        act = gate / (1.0 + tl.exp(-gate))
-    else:  # gelu_tanh; tanh(z) = 1 - 2 / (exp(2z) + 1)
-        z = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
-        act = 0.5 * gate * (2.0 - 2.0 / (tl.exp(2.0 * z) + 1.0))
-    h = act.to(dtype).to(tl.float32) * up
-    tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :], h.to(dtype),
-             mask=row_ok[:, None] & col_ok[None, :])
+    _store_glu(out_ptr, acc_gate, acc_up, rows, cols, M, inter, stride_om, ACTIVATION)
+
+
+def _weight_descriptor(weight: torch.Tensor, block_n: int, block_k: int) -> TensorDescriptor:
+    """The weight's descriptor for a tile, built once and kept on the weight (as gemv_tma's): a
+    weight whose storage is replaced in place gets a new one."""
+    cache = weight.__dict__.setdefault("_glu_descriptors", {})
+    key = (weight.data_ptr(), block_n, block_k)
+    if any(k[0] != key[0] for k in cache):
+        cache.clear()
+    if key not in cache:
+        cache[key] = TensorDescriptor.from_tensor(weight, block_shape=[block_n, block_k])
+    return cache[key]
 
 
 def gemm_glu(x: torch.Tensor, weight: torch.Tensor, activation: str = "silu",
@@ -123,6 +179,16 @@ def gemm_glu(x: torch.Tensor, weight: torch.Tensor, activation: str = "silu",
         return out
     cfg = config or (DEFAULT if x.is_cuda else INTERPRETED)
     grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(inter, cfg.block_n),)
+    if cfg.tma:
+        assert weight.is_contiguous() and (K * x.element_size()) % 16 == 0, "TMA strides: 16-byte rows"
+        x_desc = TensorDescriptor.from_tensor(x2, block_shape=[cfg.block_m, cfg.block_k])
+        _gemm_glu_tma_kernel[grid](
+            x_desc, _weight_descriptor(weight, cfg.block_n, cfg.block_k), out2, M, inter, K, out2.stride(0),
+            ACTIVATION=activation, PRECISION=dot_precision(x2),
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+        )
+        return out
     _gemm_glu_kernel[grid](
         x2, weight, out2, M, inter, K,
         x2.stride(0), weight.stride(0), out2.stride(0),
