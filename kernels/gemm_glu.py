@@ -29,7 +29,6 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from pagoda.kernels.attention_dot import _dot, dot_precision
