@@ -21,6 +21,21 @@ def silu_times_up(x_ptr, row, stride_x, d, cols, mask):
 
 
 @triton.jit
+def gated_activation(acc_gate, acc_up, dtype: tl.constexpr, ACTIVATION: tl.constexpr):
+    """act(gate) * up in float32 from a GEMM's float32 gate and up accumulators, rounded as the
+    reference (F.linear, then silu_and_mul or gelu_tanh_and_mul): each projection to dtype, then the
+    activation; the caller rounds the product. For the fused MoE and gemm_glu epilogues."""
+    gate = acc_gate.to(dtype).to(tl.float32)
+    up = acc_up.to(dtype).to(tl.float32)
+    if ACTIVATION == "silu":
+        act = gate / (1.0 + tl.exp(-gate))
+    else:  # gelu_tanh; tanh(z) = 1 - 2 / (exp(2z) + 1)
+        z = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+        act = 0.5 * gate * (2.0 - 2.0 / (tl.exp(2.0 * z) + 1.0))
+    return act.to(dtype).to(tl.float32) * up
+
+
+@triton.jit
 def _silu_and_mul_kernel(
     x_ptr, out_ptr, stride_x, stride_o, d,
     BLOCK: tl.constexpr,

@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pagoda.kernels.activation import gated_activation
 from pagoda.kernels.attention_dot import _dot, dot_precision
 from pagoda.kernels.moe_align import align_by_expert
 from pagoda.kernels.moe_tiles import tuned_tile
@@ -93,14 +94,7 @@ def _gate_up_kernel(
                 acc_up *= token_scale
         # Round as the reference does: each projection, then the activation, in the model dtype.
         dtype = out_ptr.dtype.element_ty
-        gate = acc_gate.to(dtype).to(tl.float32)
-        up = acc_up.to(dtype).to(tl.float32)
-        if ACTIVATION == "silu":
-            act = gate / (1.0 + tl.exp(-gate))
-        else:  # gelu_tanh; tanh(z) = 1 - 2 / (exp(2z) + 1)
-            z = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
-            act = 0.5 * gate * (2.0 - 2.0 / (tl.exp(2.0 * z) + 1.0))
-        h = act.to(dtype).to(tl.float32) * up
+        h = gated_activation(acc_gate, acc_up, dtype, ACTIVATION)
         tl.store(out_ptr + pairs[:, None].to(tl.int64) * stride_ot + n[None, :], h.to(dtype),
                  mask=valid[:, None] & nmask[None, :])
 

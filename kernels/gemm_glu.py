@@ -31,7 +31,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from pagoda.kernels.activation import gated_activation
 from pagoda.kernels.attention_dot import _dot, dot_precision
+from pagoda.kernels.gemv_tma import weight_descriptor
 
 
 @dataclass(frozen=True)
@@ -81,14 +83,7 @@ def _program_tile(M, inter, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_
 def _store_glu(out_ptr, acc_gate, acc_up, rows, cols, M, inter, stride_om, ACTIVATION: tl.constexpr):
     """act(gate) * up into out, rounded as the reference: each projection, the activation, the product."""
     dtype = out_ptr.dtype.element_ty
-    gate = acc_gate.to(dtype).to(tl.float32)
-    up = acc_up.to(dtype).to(tl.float32)
-    if ACTIVATION == "silu":
-        act = gate / (1.0 + tl.exp(-gate))
-    else:  # gelu_tanh; tanh(z) = 1 - 2 / (exp(2z) + 1)
-        z = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
-        act = 0.5 * gate * (2.0 - 2.0 / (tl.exp(2.0 * z) + 1.0))
-    h = act.to(dtype).to(tl.float32) * up
+    h = gated_activation(acc_gate, acc_up, dtype, ACTIVATION)
     tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :], h.to(dtype),
              mask=(rows < M)[:, None] & (cols < inter)[None, :])
 
@@ -147,18 +142,6 @@ def _gemm_glu_kernel(
     _store_glu(out_ptr, acc_gate, acc_up, rows, cols, M, inter, stride_om, ACTIVATION)
 
 
-def _weight_descriptor(weight: torch.Tensor, block_n: int, block_k: int) -> TensorDescriptor:
-    """The weight's descriptor for a tile, built once and kept on the weight (as gemv_tma's): a
-    weight whose storage is replaced in place gets a new one."""
-    cache = weight.__dict__.setdefault("_glu_descriptors", {})
-    key = (weight.data_ptr(), block_n, block_k)
-    if any(k[0] != key[0] for k in cache):
-        cache.clear()
-    if key not in cache:
-        cache[key] = TensorDescriptor.from_tensor(weight, block_shape=[block_n, block_k])
-    return cache[key]
-
-
 def gemm_glu(x: torch.Tensor, weight: torch.Tensor, activation: str = "silu",
              config: GluGemmConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """act(x @ weight[:inter]^T) * (x @ weight[inter:]^T) for x [..., K] and the merged gate|up
@@ -182,7 +165,7 @@ def gemm_glu(x: torch.Tensor, weight: torch.Tensor, activation: str = "silu",
         assert weight.is_contiguous() and (K * x.element_size()) % 16 == 0, "TMA strides: 16-byte rows"
         x_desc = TensorDescriptor.from_tensor(x2, block_shape=[cfg.block_m, cfg.block_k])
         _gemm_glu_tma_kernel[grid](
-            x_desc, _weight_descriptor(weight, cfg.block_n, cfg.block_k), out2, M, inter, K, out2.stride(0),
+            x_desc, weight_descriptor(weight, cfg.block_n, cfg.block_k), out2, M, inter, K, out2.stride(0),
             ACTIVATION=activation, PRECISION=dot_precision(x2),
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,

@@ -71,7 +71,7 @@ def _gemv_tma_kernel(
         tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=rows < N)
 
 
-def _descriptor(weight: torch.Tensor, block_n: int, block_k: int) -> TensorDescriptor:
+def weight_descriptor(weight: torch.Tensor, block_n: int, block_k: int) -> TensorDescriptor:
     """The weight's descriptor for a tile, built once and kept on the weight tensor itself (eager
     decode calls every GEMV each step): it goes when the weight goes, and a weight whose storage is
     replaced in place (a reload) gets a new one."""
@@ -99,7 +99,7 @@ def gemv_tma(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor |
     n = weight.shape[0] // 2 if glu else weight.shape[0]
     x = x.reshape(-1).contiguous()
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    desc = _descriptor(weight, cfg.block_n, cfg.block_k)
+    desc = weight_descriptor(weight, cfg.block_n, cfg.block_k)
     has_scale = weight_scale is not None
     _gemv_tma_kernel[(triton.cdiv(n, cfg.block_n),)](
         desc, x, weight_scale if has_scale else x, bias if bias is not None else x, out, n, k,

@@ -62,12 +62,12 @@ def test_bad_launches_are_refused():
 
 
 def test_a_weight_keeps_one_descriptor_per_tile_and_drops_them_with_new_storage():
-    from pagoda.kernels.gemv_tma import _descriptor
+    from pagoda.kernels.gemv_tma import weight_descriptor
 
     w = torch.zeros(16, 32)
-    a = _descriptor(w, 8, 16)
-    assert _descriptor(w, 8, 16) is a and _descriptor(w, 16, 16) is not a
+    a = weight_descriptor(w, 8, 16)
+    assert weight_descriptor(w, 8, 16) is a and weight_descriptor(w, 16, 16) is not a
     w.data = torch.ones(16, 32)  # a reload in place
-    b = _descriptor(w, 8, 16)
+    b = weight_descriptor(w, 8, 16)
     assert b is not a and len(w._tma_descriptors) == 1
     torch.testing.assert_close(gemv_tma(torch.ones(1, 32), w, config=TmaGemvConfig(8, 16, 1, 2)), torch.full((1, 16), 32.0))
