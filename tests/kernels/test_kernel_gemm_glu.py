@@ -83,3 +83,25 @@ def test_the_tma_form_matches_the_pointer_form(dtype, rows, k, inter):
     tma = GluGemmConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=1, num_stages=1, tma=True)
     got = gemm_glu(x, weight, config=tma)
     torch.testing.assert_close(got, gemm_glu(x, weight, config=SMALL), rtol=0, atol=0)  # the same sums
+
+
+def test_the_gpu_launch_goes_by_rows_and_k():
+    """choose_launch: below 128 rows the 64-row pointer tile; from 128 the TMA form, 128 columns wide
+    for long K or 2,048 rows; the pointer form where TMA cannot run. Every launch it picks is one the
+    sweep measures, so none is a guess."""
+    from pagoda.kernels.gemm_glu import CANDIDATES, DEFAULT, NARROW_TMA, SMALL_BATCH, WIDE_TMA, choose_launch
+
+    assert choose_launch(64, 896, tma=True) is SMALL_BATCH
+    assert choose_launch(127, 4096, tma=True) is SMALL_BATCH
+    assert choose_launch(128, 896, tma=True) is NARROW_TMA
+    assert choose_launch(2047, 896, tma=True) is NARROW_TMA
+    assert choose_launch(2048, 896, tma=True) is WIDE_TMA
+    assert choose_launch(256, 4096, tma=True) is WIDE_TMA
+    assert choose_launch(4096, 4096, tma=False) is DEFAULT
+    assert {SMALL_BATCH, NARROW_TMA, WIDE_TMA, DEFAULT} <= set(CANDIDATES)
+
+
+def test_the_cpu_takes_the_interpreted_tile():
+    from pagoda.kernels.gemm_glu import INTERPRETED, launch_for
+
+    assert launch_for(torch.zeros(300, 64), torch.zeros(32, 64)) is INTERPRETED
