@@ -73,6 +73,13 @@ def resolve_device(device: str) -> torch.device:
 class EngineCore:
     def __init__(self, args: EngineArgs):
         WATCH.install()
+        WATCH.mark_starting()
+        try:
+            self._start(args)
+        finally:
+            WATCH.mark_started()
+
+    def _start(self, args: EngineArgs) -> None:
         self.args = args
         path = resolve_model_path(args.model, args.revision)
         self.model_config = ModelConfig.from_path(path, args.dtype, args.max_model_len)
@@ -112,7 +119,6 @@ class EngineCore:
             from pagoda.runtime.core.warmup import warm_up
 
             warm_up(self)
-        WATCH.mark_started()
 
     def _plan_memory(self) -> MemoryPlan:
         args, cfg = self.args, self.model_config

@@ -18,6 +18,9 @@ logger = logging.getLogger(__name__)
 class CompileWatch:
     def __init__(self) -> None:
         self.started = False
+        # Engines loading and warming up in this process now: their compiles are expected ones. A
+        # process may start several (a test, the GPU correctness run), each after others have served.
+        self.starting = 0
         self.compiles_after_startup = 0
         self._previous = None
         self._installed = False
@@ -35,14 +38,19 @@ class CompileWatch:
         runtime.jit_post_compile_hook = self.on_compile
         self._installed = True
 
+    def mark_starting(self) -> None:
+        self.starting += 1
+
     def mark_started(self) -> None:
+        """An engine is up (or failed to start): pair of mark_starting."""
+        self.starting = max(0, self.starting - 1)
         self.started = True
 
     def on_compile(self, *, key, repr, fn, compile, is_manual_warmup, already_compiled):
         if self._previous is not None:
             self._previous(key=key, repr=repr, fn=fn, compile=compile, is_manual_warmup=is_manual_warmup,
                            already_compiled=already_compiled)
-        if self.started and not is_manual_warmup:
+        if self.started and not self.starting and not is_manual_warmup:
             self.compiles_after_startup += 1
             logger.warning("Triton built %s.%s after start-up, stalling this step (the warm-up never met "
                            "this specialization): %s", fn.module, fn.name, repr)

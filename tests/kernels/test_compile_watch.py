@@ -33,3 +33,18 @@ def test_compiles_after_startup_are_logged(caplog, monkeypatch):
     (record,) = caplog.records
     assert "kernels.norm._rms_norm_kernel" in record.getMessage() and "n_rows: i32" in record.getMessage()
     assert len(chained) == 3  # a hook installed before ours still runs
+
+
+def test_a_second_engine_starting_is_not_a_stall(caplog):
+    """A process that starts another engine after the first has served (the GPU correctness run, the
+    tests) builds that engine's kernels during its start-up: expected, so not logged."""
+    watch = CompileWatch()
+    watch.mark_starting()
+    watch.mark_started()  # the first engine serves
+    with caplog.at_level(logging.WARNING, logger="pagoda.runtime.worker.compile_watch"):
+        watch.mark_starting()
+        _compile(watch)  # the second one's load and warm-up
+        watch.mark_started()
+        assert watch.compiles_after_startup == 0 and not caplog.records
+        _compile(watch)  # now one is a stall again
+    assert watch.compiles_after_startup == 1 and len(caplog.records) == 1
