@@ -38,6 +38,7 @@ def main() -> int:
     p.add_argument("--seats", type=int, nargs="+", default=[256, 1024])
     p.add_argument("--num-prompts", type=int, default=workloads.W4_NUM_REQUESTS)
     p.add_argument("--ahead-first", action="store_true")
+    p.add_argument("--gemm-glu", action="store_true", help="the engine's --gemm-glu (the fused gate|up GEMM)")
     p.add_argument("--kernels", type=int, default=0, metavar="N",
                    help="a torch.profiler kernel table of N prompts with 64 output tokens (first setting)")
     p.add_argument("--cprofile", type=int, default=0, metavar="N", help="cProfile a run of N prompts")
@@ -48,12 +49,13 @@ def main() -> int:
     greedy = SamplingParams(temperature=0, max_tokens=workloads.W1_OUTPUT_LEN, ignore_eos=True)
     warm = [r.prompt_token_ids for r in workloads.offline_requests(args.num_prompts, 16, seed=1)]
     result = {"commit": os.environ.get("PAGODA_COMMIT", "unknown"), "gpu": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "num_prompts": args.num_prompts, "runs": {}}
+              "torch": torch.__version__, "num_prompts": args.num_prompts, "gemm_glu": args.gemm_glu, "runs": {}}
     # The A/B flips the frontend's answer to "may this step's processing abort?", which is what
     # picks EngineCore.step's order: True keeps the old order, False launches the step ahead first.
     orders = [("launch_after_overlap", True)] + ([("ahead_first", False)] if args.ahead_first else [])
     for seats in args.seats:
-        llm = LLM(model=str(model), load_format="dummy", max_model_len=2048, max_num_seqs=seats, seed=0)
+        llm = LLM(model=str(model), load_format="dummy", max_model_len=2048, max_num_seqs=seats, seed=0,
+                  gemm_glu=args.gemm_glu)
         rec = StepRecorder(llm.llm_engine)
         for name, may_abort in orders:
             llm.llm_engine.output_processor.has_stop_strings = lambda may_abort=may_abort: may_abort
@@ -97,7 +99,7 @@ def main() -> int:
         torch.cuda.empty_cache()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"profile-w4-{result['commit']}.json"
+    path = out / f"profile-w4-{result['commit']}{'-gemm-glu' if args.gemm_glu else ''}.json"
     path.write_text(json.dumps(result, indent=1))
     print("wrote", path)
     return 0
