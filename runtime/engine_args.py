@@ -181,7 +181,8 @@ class EngineArgs:
                                      "writes k and v to the KV cache in its epilogue (kernels/gemv_rope.py), so no "
                                      "rotary kernel runs",
                               type=bool)
-    # Off until a GPU measures it against cuBLAS + silu_and_mul (e2e/gemm_glu_gpu_bench.py, run_gemm_glu.sh).
+    # Off: on an H100 it was at par with cuBLAS + silu_and_mul end to end (W4 1.006x, W1 0.995x;
+    # e2e/results/gemm-glu-eda84be/), though 1.1-1.2x faster alone on the 0.5B shape.
     gemm_glu: bool = knob(False, "at 64 rows or more (bf16/fp16 weights), the MLP's gate|up GEMM computes "
                                  "silu(gate) * up in its epilogue (kernels/gemm_glu.py) instead of cuBLAS, then "
                                  "the activation kernel", type=bool)
