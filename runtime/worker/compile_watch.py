@@ -53,8 +53,31 @@ class CompileWatch:
         if self.started and not self.starting and not is_manual_warmup:
             self.compiles_after_startup += 1
             logger.warning("Triton built %s.%s after start-up, stalling this step (the warm-up never met "
-                           "this specialization): %s", fn.module, fn.name, repr)
+                           "this specialization): %s", fn.module, fn.name, describe(repr, compile))
         return None
+
+
+def describe(repr: str, compile: dict) -> str:
+    """The launch options, argument types, 16-divisibility and constexprs that make this
+    specialization. Triton's own repr pairs the parameters with a key whose layout changed (3.6
+    names only the first argument), so this spells out what the compile was given. Constants and
+    attributes are keyed by argument position (a path tuple)."""
+    signature = compile.get("signature")
+    if not isinstance(signature, dict):
+        return repr
+    names = list(signature)
+
+    def by_name(table) -> dict:
+        return {names[path[0]]: value for path, value in (table or {}).items()
+                if isinstance(path, tuple) and len(path) == 1 and 0 <= path[0] < len(names)}
+
+    constants = by_name(compile.get("constants"))
+    configs = compile.get("configs") or [{}]
+    divisible = {name for name, attr in by_name(configs[0]).items() if "tt.divisibility" in str(attr)}
+    args = ", ".join(f"{name}={constants[name]}" if name in constants
+                     else f"{name}: {ty}{' (16-divisible)' if name in divisible else ''}"
+                     for name, ty in signature.items())
+    return f"{repr.split('(', 1)[0]}({args})"
 
 
 WATCH = CompileWatch()

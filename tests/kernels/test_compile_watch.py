@@ -48,3 +48,20 @@ def test_a_second_engine_starting_is_not_a_stall(caplog):
         assert watch.compiles_after_startup == 0 and not caplog.records
         _compile(watch)  # now one is a stall again
     assert watch.compiles_after_startup == 1 and len(caplog.records) == 1
+
+
+def test_the_warning_names_every_argument_and_constexpr(caplog):
+    """Triton's repr names only the first argument on 3.6, so the message is built from the signature
+    and the constants the compile was given: which constexpr (a split count, a tile) was missed."""
+    watch = CompileWatch()
+    watch.mark_started()
+    fn = types.SimpleNamespace(module="kernels.paged_attention_decode", name="_decode_kernel")
+    with caplog.at_level(logging.WARNING, logger="pagoda.runtime.worker.compile_watch"):
+        watch.on_compile(key="k", repr="_decode_kernel[num_warps=2, num_stages=3](q_ptr: ()",
+                         fn=fn, compile={"signature": {"q_ptr": "*bf16", "seq_lens": "i32", "NUM_SPLITS": "constexpr"},
+                                         "constants": {(2,): 4},
+                                         "configs": [{(0,): [["tt.divisibility", 16]]}]},
+                         is_manual_warmup=False, already_compiled=False)
+    message = caplog.records[0].getMessage()
+    assert ("_decode_kernel[num_warps=2, num_stages=3](q_ptr: *bf16 (16-divisible), seq_lens: i32, NUM_SPLITS=4)"
+            in message)
