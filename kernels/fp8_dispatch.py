@@ -102,7 +102,7 @@ def choose(rows: int, n: int, k: int, act: str | None, device: torch.device) -> 
 def _measured(n: int, k: int, act: str | None, device: torch.device) -> list[tuple[int, Fp8Launch]]:
     """The table's entries for a shape, fewest rows first; none off Hopper (the table is the
     H200's; the interpreter, a CPU device, sees it too, for the tests)."""
-    if device.type == "cuda" and not gemv_kernels._is_hopper(device):
+    if device.type == "cuda" and not gemv_kernels.is_hopper(device):
         return []
     global _indexed
     if _indexed[0] is not FP8_SMALL_M:

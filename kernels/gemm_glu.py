@@ -33,6 +33,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from pagoda.kernels.activation import gated_activation
 from pagoda.kernels.attention_dot import _dot, dot_precision
+from pagoda.kernels.gemv import is_hopper
 from pagoda.kernels.gemv_tma import weight_descriptor
 
 
@@ -60,7 +61,7 @@ INTERPRETED = GluGemmConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_w
 SMALL_BATCH = GluGemmConfig(block_m=64, block_n=64, block_k=64, group_m=8, num_warps=4, num_stages=4)
 NARROW_TMA = GluGemmConfig(block_m=128, block_n=64, block_k=64, group_m=8, num_warps=8, num_stages=3, tma=True)
 WIDE_TMA = GluGemmConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3, tma=True)
-# Where TMA is missing (before Hopper, or rows not 16-byte aligned) the pointer form of NARROW_TMA.
+# Off Hopper, or where rows are not 16-byte aligned, the pointer form of NARROW_TMA.
 DEFAULT = GluGemmConfig()
 # What e2e/gemm_glu_gpu_bench.py measures against cuBLAS; e2e/sm90_asm.py compiles each for sm_90 on
 # the CPU (wgmma, no spills, shared memory within an H100's 227 KB).
@@ -78,8 +79,9 @@ CANDIDATES = (
 
 
 def _tma_fits(x2: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Tensor descriptors need Hopper or later, a contiguous weight and 16-byte aligned rows and bases."""
-    if torch.cuda.get_device_capability(x2.device)[0] < 9 or not weight.is_contiguous():
+    """The TMA table is Hopper's (its sweep ran there), and descriptors need a contiguous weight and
+    16-byte aligned rows and bases."""
+    if not is_hopper(x2.device) or not weight.is_contiguous():
         return False
     row_bytes = x2.shape[1] * x2.element_size()
     return (row_bytes % 16 == 0 and (x2.stride(0) * x2.element_size()) % 16 == 0

@@ -87,13 +87,13 @@ FASTER_THAN_CUBLAS: dict[tuple[int, int, int, str | None], GemvConfig] = {
 def measured_win(rows: int, n: int, k: int, act: str | None, device: torch.device) -> GemvConfig | None:
     """The launch for a shape where the GEMV measured faster than cuBLAS, or None. The table was
     measured on Hopper (sm_90); the interpreter (a CPU device) sees it too, for the tests."""
-    if device.type == "cuda" and not _is_hopper(device):
+    if device.type == "cuda" and not is_hopper(device):
         return None
     return FASTER_THAN_CUBLAS.get((rows, n, k, act))
 
 
 @functools.cache
-def _is_hopper(device: torch.device) -> bool:
+def is_hopper(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) == (9, 0)
 
 
