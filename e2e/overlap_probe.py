@@ -206,6 +206,9 @@ def forms(model: Layers, x: torch.Tensor, carveouts: list[int]) -> dict:
     }
     out = {name: median_ms(graphed(fn)) for name, fn in runs.items()}
     if hasattr(torch._C, "_set_sm_carveout_experimental"):
+        default_blas = torch.backends.cuda.preferred_blas_library()
+        torch.backends.cuda.preferred_blas_library("cublaslt")  # the carve-out reaches cuBLASLt only
+        out["whole_cublaslt"] = median_ms(graphed(runs["whole"]))
         for n in carveouts:
             torch._C._set_sm_carveout_experimental(n)
             try:
@@ -214,6 +217,7 @@ def forms(model: Layers, x: torch.Tensor, carveouts: list[int]) -> dict:
                 out[f"carveout_{n}_whole"] = median_ms(graphed(runs["whole"]))
             finally:
                 torch._C._set_sm_carveout_experimental(None)
+        torch.backends.cuda.preferred_blas_library(default_blas)
     return out
 
 
@@ -224,9 +228,8 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--carveouts", type=int, nargs="*", default=[16, 32, 48])
     args = p.parse_args()
-    torch.backends.cuda.preferred_blas_library("cublaslt")  # the carve-out reaches cuBLASLt only
     result = {"commit": os.environ.get("PAGODA_COMMIT", "unknown"), "gpu": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "layers": args.layers, "blas": "cublaslt", "shapes": {}}
+              "torch": torch.__version__, "layers": args.layers, "shapes": {}}
     for name in args.shapes:
         s = SHAPES[name]
         model = Layers(s, args.layers, "cuda")
