@@ -25,7 +25,8 @@ than FUSED_MAX_SPLITS slices, or a first use inside a CUDA-graph capture take th
 Tile. Few programs per SM (small batches) cannot keep enough loads in flight with a thin tile, so
 below FAT_TILE_BELOW programs per SM each program walks wider tiles, more stages deep; and the
 context is split only below PROGRAMS_PER_SM programs per SM, since a fat-tiled launch of 4 per SM
-already streams near the bandwidth limit and a split costs a merge.
+already streams near the bandwidth limit and a split costs a merge. Heads of 64 or less move half the
+bytes per position, and take the fat tile at every program count.
 """
 
 import functools
@@ -48,6 +49,8 @@ NUM_STAGES = 2
 # 1-32 gain 3-50%; at 768 programs (batch 48, two slices) the thin tile is still ahead.
 FAT_TILE = (64, 2, 3)  # block_n, num_warps, num_stages
 FAT_TILE_BELOW = 5
+# Heads this wide or narrower take FAT_TILE at every program count (choose_tile says why).
+NARROW_HEAD_DIM = 64
 MIN_TOKENS_PER_SPLIT = 256  # below this a slice costs more in merging than it gains in parallelism
 MAX_SPLITS = 32
 # Split the context only below 3 programs per SM: with the fat tile, 4 per SM already stream at
@@ -270,6 +273,14 @@ def choose_tile(num_programs: int, element_size: int, device: torch.device, head
         # An FP8 cache is bound by widening its values, not by HBM (2.0-2.5 TB/s where bf16 streams
         # 4.4): the fat tile was the best of 36 launches on every shape of e2e/decode_fp8_sweep.py
         # (e2e/results/decode-fp8-29c5312/), 1.2x the thin one at W1's 256 x 768.
+        return FAT_TILE
+    if head_dim <= NARROW_HEAD_DIM:
+        # A 64-wide head moves half the bytes per position, so the thin tile's 32 positions keep
+        # half its loads in flight: 64 positions, three stages, at any program count. H100, W4's
+        # 14 heads over 2 (e2e/results/decode-tiles-c51f612/): worst of four batch x context points
+        # 2.61 -> 2.73 TB/s, 1,024 seqs x 704 tokens 2.61 -> 2.87; Llama-3.2-1B's 32 over 8: worst
+        # 2.66 -> 2.90. W4 end to end 96.1-96.5k -> 100.3-100.4k tok/s (with four stages, which the
+        # sweep puts level with three).
         return FAT_TILE
     if num_programs < FAT_TILE_BELOW * _num_sms(device):
         # Gemma's head_dim 256 doubles each K and V tile: two stages keep them in shared memory

@@ -57,6 +57,15 @@ def test_decode_tile_follows_programs_per_sm():
     assert choose_tile(4, 4, cpu)[0] == 32  # fp32 caches keep the small tile (shared memory)
 
 
+def test_narrow_heads_take_the_fat_tile_at_any_program_count():
+    cpu = torch.device("cpu")
+    # Heads of 64 move half the bytes per position: the wide tile keeps the loads in flight.
+    assert choose_tile(20, 2, cpu, head_dim=64) == FAT_TILE
+    assert choose_tile(1 << 20, 2, cpu, head_dim=32) == FAT_TILE
+    assert choose_tile(1 << 20, 2, cpu, head_dim=128) != FAT_TILE  # heads of 128 keep the thin tile
+    assert choose_tile(1 << 20, 4, cpu, head_dim=64)[0] == 32  # fp32 still fits shared memory first
+
+
 def test_decode_split_choice_is_host_only_and_bounded():
     cpu = torch.device("cpu")
     assert choose_num_splits(256, 8, 8192, cpu) == 1  # plenty of programs already
