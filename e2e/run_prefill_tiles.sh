@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call: e2e/prefill_tile_sweep.py --w4-ab (decode-attention launches for heads of 64, then
+# One device call: e2e/prefill_tile_sweep.py --w4-ab (prefill-attention launches for heads of 64, then
 # W4 with the runtime's rule and with the best launch), and on an H200 issue 19's W2 pair.
 #   PAGODA_COMMIT=<sha> bash e2e/run_prefill_tiles.sh OUT_DIR
 set -uo pipefail
