@@ -49,9 +49,12 @@ def w4_step(tokens: int = 16384) -> tuple[list[int], list[int]]:
     return lens, lens
 
 
-def batches() -> dict:
+def batches(names: list[str]) -> dict:
     q, s = w4_step()
-    return {"fresh": (q, s), "second_halves": ([n - n // 2 for n in s], s)}
+    every = {"fresh": (q, s), "second_halves": ([n - n // 2 for n in s], s),
+             # long prompts, where a launch picked on W4's short ones must not lose
+             "long4k": ([4096] * 4, [4096] * 4), "chunk2k_of_16k": ([2048] * 2, [16384] * 2)}
+    return {name: every[name] for name in names}
 
 
 def point(shape: tuple, q_lens: list, seq_lens: list, args: tuple, **launch) -> dict:
@@ -63,15 +66,15 @@ def point(shape: tuple, q_lens: list, seq_lens: list, args: tuple, **launch) -> 
     return {"ms": round(ms, 4), "tflop_per_s": round(flops / (ms * 1e-3) / 1e12, 1)}
 
 
-def sweep(shape: tuple) -> dict:
+def sweep(shape: tuple, names: list[str], launches: list[tuple]) -> dict:
     heads, kv_heads, head_dim = shape
     inputs = {name: (q, s, paged_batch(q, s, kv_heads, heads // kv_heads, head_dim, BLOCK_SIZE, torch.bfloat16,
-                                       "cuda", poison=False)) for name, (q, s) in batches().items()}
+                                       "cuda", poison=False)) for name, (q, s) in batches(names).items()}
     rule = {name: point(shape, q, s, a) for name, (q, s, a) in inputs.items()}
     print(f"  {shape} rule now {prefill.default_config(head_dim, torch.bfloat16, torch.device('cuda'))}: "
           + json.dumps(rule), flush=True)
     rows = []
-    for bm, bn, warps, stages in LAUNCHES:
+    for bm, bn, warps, stages in launches:
         knobs = dict(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
         try:
             pts = {name: point(shape, q, s, a, **knobs) for name, (q, s, a) in inputs.items()}
@@ -103,11 +106,15 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--w4-ab", action="store_true")
     p.add_argument("--shapes", nargs="+", default=["w4"], choices=list(SHAPES))
+    p.add_argument("--batches", nargs="+", default=["fresh", "second_halves"])
+    p.add_argument("--launches", nargs="+", default=None, metavar="BM/BN/WARPS/STAGES",
+                   help="only these launches (default: the whole grid)")
     args = p.parse_args()
     result = {"commit": os.environ.get("PAGODA_COMMIT", "unknown"), "gpu": torch.cuda.get_device_name(),
               "torch": torch.__version__, "block_size": BLOCK_SIZE, "shapes": {}}
     for name in args.shapes:
-        result["shapes"][name] = sweep(SHAPES[name])
+        launches = [tuple(int(x) for x in t.split("/")) for t in args.launches] if args.launches else LAUNCHES
+        result["shapes"][name] = sweep(SHAPES[name], args.batches, launches)
         torch.cuda.empty_cache()
     if args.w4_ab:
         best = result["shapes"]["w4"]["launches"][0]
