@@ -132,10 +132,12 @@ def default_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> d
     if dtype == torch.float32:
         return dict(block_m=64, block_n=32, num_warps=4, num_stages=2)
     if head_dim <= 64:
-        # swept on the H100 for W4's 14 heads over 2 (results/prefill-tiles-9807a9e/): 170 TFLOP/s on
-        # a mixed step's 28 fresh prompts against 150 for the old guess 128/64/4/3, 174 against 156
-        # on their second halves. Short rows of 64 keep more programs per head on W4's short prompts.
-        return dict(block_m=64, block_n=32, num_warps=4, num_stages=2)
+        # Heads of 64 want a launch by length (H100, results/prefill-tiles-9807a9e/ and -f3c3c06/):
+        # on W4's short prompts 64/32/4/2 runs 168-175 TFLOP/s against this one's 152, but at 4k
+        # tokens 260 against 283 and on a 2k chunk of a 16k prompt 241 against 292. One launch for
+        # every length keeps this one; a rule by context length needs a hint the prefill launch
+        # does not get yet (max_seq_len) and warm-up for both.
+        return dict(block_m=128, block_n=64, num_warps=4, num_stages=3)
     # swept on the H200 (c928b0e): 377 TFLOP/s at 4k against 324 for 128/64/8/3
     return dict(block_m=128, block_n=32, num_warps=8, num_stages=2)
 
