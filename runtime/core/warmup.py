@@ -93,6 +93,7 @@ def warm_up_decode_kernels(model, dtype, table_width: int) -> int:
     one-column table (stride 1) built a variant no step ever runs, and left the real one to compile
     on the first step that met it (seen on the H200 at 1,024 seats: the thin tile)."""
     from pagoda.kernels import paged_attention_decode as dec
+    from pagoda.kernels import pdl
 
     launches, seen = 0, set()
     for layer in model.attention_layers():
@@ -104,17 +105,37 @@ def warm_up_decode_kernels(model, dtype, table_width: int) -> int:
         seen.add(key)
         dev, es = k_cache.device, k_cache.element_size()
         tiles = {dec.choose_tile(0, es, dev, layer.head_dim), dec.choose_tile(1 << 30, es, dev, layer.head_dim)}
-        num_seqs = 2
-        q = torch.zeros(num_seqs, layer.num_heads, layer.head_dim, dtype=dtype, device=dev)
-        tables = torch.zeros(num_seqs, table_width, dtype=torch.int32, device=dev)
-        seq_lens = torch.ones(num_seqs, dtype=torch.int32, device=dev)
-        qsl = torch.arange(num_seqs + 1, dtype=torch.int32, device=dev)
-        splits = 1
-        while splits <= dec.MAX_SPLITS:
-            for block_n, warps, stages in tiles:
-                dec.paged_attention_decode(q, k_cache, layer.v_cache, tables, seq_lens, qsl, layer.scale,
-                                           sliding_window=layer.sliding_window, softcap=layer.softcap,
-                                           num_splits=splits, block_n=block_n, num_warps=warps, num_stages=stages)
-                launches += 1
-            splits *= 2
+        pdl_on = pdl.ENABLED and dev.type == "cuda"
+        for num_seqs, most_splits in warm_row_counts(k_cache.shape[2], dev, pdl_on):
+            q = torch.zeros(num_seqs, layer.num_heads, layer.head_dim, dtype=dtype, device=dev)
+            tables = torch.zeros(num_seqs, table_width, dtype=torch.int32, device=dev)
+            seq_lens = torch.ones(num_seqs, dtype=torch.int32, device=dev)
+            qsl = torch.arange(num_seqs + 1, dtype=torch.int32, device=dev)
+            splits = 1
+            while splits <= most_splits:
+                for block_n, warps, stages in tiles:
+                    dec.paged_attention_decode(q, k_cache, layer.v_cache, tables, seq_lens, qsl, layer.scale,
+                                               sliding_window=layer.sliding_window, softcap=layer.softcap,
+                                               num_splits=splits, block_n=block_n, num_warps=warps,
+                                               num_stages=stages)
+                    launches += 1
+                splits *= 2
     return launches
+
+
+def warm_row_counts(num_kv_heads: int, device: torch.device, pdl_on: bool) -> list[tuple[int, int]]:
+    """(rows, most split counts) the decode warm-up launches at. With programmatic dependent launch
+    on, PDL is a constexpr of the kernel that holds only up to pdl.MAX_ROWS rows, so a step of more
+    sequences is another specialization: warmed at MAX_ROWS + 1 rows, up to the most slices
+    choose_num_splits gives that many sequences. Without these, an eager decode launch (a mixed
+    step's decode rows) of five or more sequences, the longest past 512 tokens, took two slices with
+    PDL off and built its kernel in a user's step: the compile watch logged it on the H100 in
+    e2e/gpu_correctness.py (GROUP=7, NUM_SPLITS=2, results/narrow-heads-93740eb/)."""
+    from pagoda.kernels import paged_attention_decode as dec
+    from pagoda.kernels import pdl
+
+    counts = [(2, dec.MAX_SPLITS)]
+    if pdl_on:
+        rows = pdl.MAX_ROWS + 1
+        counts.append((rows, dec.choose_num_splits(rows, num_kv_heads, 1 << 30, device)))
+    return counts

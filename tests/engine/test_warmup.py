@@ -82,3 +82,22 @@ def test_decode_kernels_warm_up_at_every_split_count(model_dir):
     counts = {dec.choose_num_splits(s, h, n, layer.k_cache.device) for s in (1, 3, 64) for h in (1, 2, 8)
               for n in (1, 300, 5000, 100000)}
     assert counts <= {1 << i for i in range(splits)} and len(counts) > 2
+
+
+def test_decode_warm_up_covers_the_rows_past_pdls_limit():
+    """With PDL on, the kernel's PDL constexpr is off past pdl.MAX_ROWS rows: a second set of
+    launches at MAX_ROWS + 1 rows must reach every split count choose_num_splits gives them."""
+    from pagoda.kernels import paged_attention_decode as dec
+    from pagoda.kernels import pdl
+    from pagoda.runtime.core.warmup import warm_row_counts
+
+    cpu = torch.device("cpu")
+    assert warm_row_counts(8, cpu, pdl_on=False) == [(2, dec.MAX_SPLITS)]
+    counts = warm_row_counts(2, cpu, pdl_on=True)
+    assert counts[0] == (2, dec.MAX_SPLITS)
+    rows, most = counts[1]
+    assert rows == pdl.MAX_ROWS + 1
+    for seqs in range(rows, 200):
+        for n in (1, 600, 5000, 100000):
+            assert dec.choose_num_splits(seqs, 2, n, cpu) <= most
+    assert most > 1  # a long context at five sequences does take slices
