@@ -1,30 +1,47 @@
 #!/usr/bin/env bash
-# One device call for the narrow-head decode tile (kernels/paged_attention_decode.NARROW_HEAD_DIM):
-# W4 through `pagoda bench` with the profiler's GPU-busy figure, GPU correctness against
-# transformers (the 0.5B shape has heads of 64), and on an H200 issue 19's W2 pair.
-#   PAGODA_COMMIT=<sha> bash e2e/run_narrow_heads.sh OUT_DIR
+# Issue 16's W4 work on heads of 64, in one device call:
+#   PAGODA_COMMIT=<sha> bash e2e/run_narrow_heads.sh OUT_DIR [stage ...]
+# stages (default: w4 w2 correct), in the order given:
+#   probe    e2e/overlap_probe.py: can a decode step overlap attention with its GEMMs? (results/overlap-416cfd5/)
+#   decode   e2e/decode_tile_sweep.py --w4-ab: decode launches for heads of 64, W4 with the best (results/decode-tiles-c51f612/)
+#   prefill  e2e/prefill_tile_sweep.py --w4-ab: prefill launches for heads of 64, the same (results/prefill-tiles-*/)
+#   w4       W4 through `pagoda bench` with the profiler's GPU-busy figure (W4_TWICE=1: a second run,
+#            the card's spread beside the figure)
+#   w2       issue 19's W2 bf16 and FP8 pair, on an H200 only (its target is an H200 figure)
+#   correct  e2e/gpu_correctness.py --llama-layers 8 (the 0.5B shape has heads of 64)
+# Earlier calls ran these as run_overlap.sh (probe w4 w2), run_decode_tiles.sh (decode w2) and
+# run_prefill_tiles.sh (prefill w2).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:?OUT_DIR}
+OUT=${1:?OUT_DIR}; shift
+STAGES=("$@"); [ ${#STAGES[@]} -gt 0 ] || STAGES=(w4 w2 correct)
 mkdir -p "$OUT"
 # shellcheck disable=SC1091
 source e2e/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
+quiet() { grep -v "regex pattern"; }  # transformers 5.17's tokenizer warning, once per load
+w4() { timeout 200 python3 -m pagoda.runtime.cli bench throughput --workload W4 --backend pagoda --out "$OUT" "$@"; }
+stage_probe() { timeout 240 python3 e2e/overlap_probe.py --out "$OUT"; }
+stage_decode() { timeout 420 python3 e2e/decode_tile_sweep.py --w4-ab --out "$OUT" 2>&1 | quiet; }
+stage_prefill() { timeout 470 python3 e2e/prefill_tile_sweep.py --w4-ab --out "$OUT" 2>&1 | quiet; }
+stage_w4() {
+    w4 --gpu-busy 1024 2>&1 | quiet || return 1
+    [ "${W4_TWICE:-0}" = 1 ] || return 0
+    w4 2>&1 | quiet
+}
+stage_w2() {
+    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "w2: not an H200, skipped"; return 0; }
+    bash e2e/run_fp8.sh "$OUT" w2
+}
+stage_correct() {
+    timeout 300 python3 e2e/gpu_correctness.py --llama-layers 8 \
+        --out "$OUT/gpu-correctness-${PAGODA_COMMIT:-local}.json" 2>&1 | quiet | tail -40
+}
 rc=0
-echo "=== w4 ($(date -u +%H:%M:%S))"
-timeout 200 python3 -m pagoda.runtime.cli bench throughput --workload W4 --backend pagoda --gpu-busy 1024 \
-    --out "$OUT" 2>&1 | grep -v "regex pattern" || rc=1
-if [ "${W4_TWICE:-0}" = 1 ]; then  # the card's run-to-run spread, beside the figure
-    timeout 200 python3 -m pagoda.runtime.cli bench throughput --workload W4 --backend pagoda \
-        --out "$OUT" 2>&1 | grep -v "regex pattern" || rc=1
-fi
-if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-    echo "=== w2 ($(date -u +%H:%M:%S))"
-    bash e2e/run_fp8.sh "$OUT" w2 || rc=1
-fi
-echo "=== correctness ($(date -u +%H:%M:%S))"
-timeout 300 python3 e2e/gpu_correctness.py --llama-layers 8 \
-    --out "$OUT/gpu-correctness-${PAGODA_COMMIT:-local}.json" 2>&1 | grep -v "regex pattern" | tail -40 || rc=1
+for stage in "${STAGES[@]}"; do
+    echo "=== $stage ($(date -u +%H:%M:%S))"
+    "stage_$stage" || { echo "stage $stage failed" >&2; rc=1; }
+done
 rm -f "$OUT"/*.png
 ls -1 "$OUT"
 exit $rc

@@ -105,8 +105,8 @@ def warm_up_decode_kernels(model, dtype, table_width: int) -> int:
         seen.add(key)
         dev, es = k_cache.device, k_cache.element_size()
         tiles = {dec.choose_tile(0, es, dev, layer.head_dim), dec.choose_tile(1 << 30, es, dev, layer.head_dim)}
-        pdl_on = pdl.ENABLED and dev.type == "cuda"
-        for num_seqs, most_splits in warm_row_counts(k_cache.shape[2], dev, pdl_on):
+        # pdl.flag is what the launch asks: on at two rows means off past MAX_ROWS, a second kernel
+        for num_seqs, most_splits in warm_row_counts(k_cache.shape[2], dev, pdl.flag(k_cache, 2)):
             q = torch.zeros(num_seqs, layer.num_heads, layer.head_dim, dtype=dtype, device=dev)
             tables = torch.zeros(num_seqs, table_width, dtype=torch.int32, device=dev)
             seq_lens = torch.ones(num_seqs, dtype=torch.int32, device=dev)
