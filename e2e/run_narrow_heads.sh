@@ -5,6 +5,8 @@
 #   probe    e2e/overlap_probe.py: can a decode step overlap attention with its GEMMs? (results/overlap-416cfd5/)
 #   decode   e2e/decode_tile_sweep.py --w4-ab: decode launches for heads of 64, W4 with the best (results/decode-tiles-c51f612/)
 #   prefill  e2e/prefill_tile_sweep.py --w4-ab: prefill launches for heads of 64, the same (results/prefill-tiles-*/)
+#   ab       e2e/w4_ab.py: W4 in one process with and without --gemm-glu (AB_VARIANTS: its --variant
+#            arguments, space-separated, no spaces inside; default base glu glu2k base)
 #   w4       W4 through `pagoda bench` with the profiler's GPU-busy figure (W4_TWICE=1: a second run,
 #            the card's spread beside the figure)
 #   w2       issue 19's W2 bf16 and FP8 pair, on an H200 only (its target is an H200 figure)
@@ -24,6 +26,10 @@ w4() { timeout 200 python3 -m pagoda.runtime.cli bench throughput --workload W4 
 stage_probe() { timeout 240 python3 e2e/overlap_probe.py --out "$OUT"; }
 stage_decode() { timeout 420 python3 e2e/decode_tile_sweep.py --w4-ab --out "$OUT" 2>&1 | quiet; }
 stage_prefill() { timeout 470 python3 e2e/prefill_tile_sweep.py --w4-ab --out "$OUT" 2>&1 | quiet; }
+stage_ab() {
+    local v=(); for x in ${AB_VARIANTS:-}; do v+=(--variant "$x"); done
+    timeout 420 python3 e2e/w4_ab.py --out "$OUT" "${v[@]}" 2>&1 | quiet
+}
 stage_w4() {
     w4 --gpu-busy 1024 2>&1 | quiet || return 1
     [ "${W4_TWICE:-0}" = 1 ] || return 0
