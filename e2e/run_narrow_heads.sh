@@ -7,6 +7,8 @@
 #   prefill  e2e/prefill_tile_sweep.py --w4-ab: prefill launches for heads of 64, the same (results/prefill-tiles-*/)
 #   ab       e2e/w4_ab.py: W4 in one process with and without --gemm-glu (AB_VARIANTS: its --variant
 #            arguments, space-separated, no spaces inside; default base glu glu2k base)
+#   kernels  e2e/profile_w4.py --kernels 1024 without and with --gemm-glu: W4's GPU time per step kind
+#            and its kernel table, so the fused GEMM's in-place time shows (results/glu-ab-6964212/)
 #   w4       W4 through `pagoda bench` with the profiler's GPU-busy figure (W4_TWICE=1: a second run,
 #            the card's spread beside the figure)
 #   w2       issue 19's W2 bf16 and FP8 pair, on an H200 only (its target is an H200 figure)
@@ -29,6 +31,13 @@ stage_prefill() { timeout 470 python3 e2e/prefill_tile_sweep.py --w4-ab --out "$
 stage_ab() {
     local v=(); for x in ${AB_VARIANTS:-}; do v+=(--variant "$x"); done
     timeout 420 python3 e2e/w4_ab.py --out "$OUT" "${v[@]}" 2>&1 | quiet
+}
+stage_kernels() {
+    local g
+    for g in "" --gemm-glu; do
+        timeout 220 python3 e2e/profile_w4.py --out "$OUT" --seats 1024 --kernels 1024 $g 2>&1 | quiet \
+            | grep -iE "after start-up|by_kind|^kernels|^ +[0-9.]+ ms" | cut -c1-400 | head -40
+    done
 }
 stage_w4() {
     w4 --gpu-busy 1024 2>&1 | quiet || return 1
