@@ -36,7 +36,7 @@ stage_kernels() {
     local g
     for g in "" --gemm-glu; do
         timeout 220 python3 e2e/profile_w4.py --out "$OUT" --seats 1024 --kernels 1024 $g 2>&1 | quiet \
-            | grep -iE "after start-up|by_kind|^kernels|^ +[0-9.]+ ms" | cut -c1-400 | head -40
+            | grep -iE "after start-up|by_kind|^kernels|^ +[0-9.]+ ms" | cut -c1-800 | head -60
     done
 }
 stage_w4() {
