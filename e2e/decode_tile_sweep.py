@@ -17,12 +17,10 @@ swapped for the run), each on a fresh LLM. Writes decode-tile-sweep-<commit>.jso
 from __future__ import annotations
 
 import argparse
-import gc
 import itertools
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -30,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from kernels_gpu_bench import bandwidth_point, graph_median_ms  # noqa: E402
 from kernels_gpu_cases import paged_batch  # noqa: E402
+from w4_ab import w4_rates  # noqa: E402
 
 import pagoda.kernels.paged_attention_decode as decode  # noqa: E402
 
@@ -70,11 +69,7 @@ def sweep(shape: tuple) -> dict:
 
 
 def w4_run(tile: tuple | None) -> dict:
-    """W4 on a fresh LLM; tile replaces the thin tile for heads of 64 or less."""
-    from pagoda.runtime.frontend.llm import LLM
-    from pagoda.runtime.sampling_params import SamplingParams
-    from pagoda.runtime.tools.bench import workloads
-
+    """W4 on a fresh LLM (w4_ab.w4_rates); tile replaces the thin tile for heads of 64 or less."""
     original = decode.choose_tile
 
     def narrow(num_programs, element_size, device, head_dim=128):
@@ -85,28 +80,9 @@ def w4_run(tile: tuple | None) -> dict:
 
     decode.choose_tile = narrow
     try:
-        llm = LLM(model=str(workloads.resolve_model("w4")), load_format="dummy", max_model_len=2048,
-                  max_num_seqs=1024, seed=0)
-        greedy = SamplingParams(temperature=0, max_tokens=workloads.W1_OUTPUT_LEN, ignore_eos=True)
-        warm = [r.prompt_token_ids for r in workloads.offline_requests(1024, 16, seed=1)]
-        llm.generate([{"prompt_token_ids": p} for p in warm], SamplingParams(temperature=0, max_tokens=16,
-                     ignore_eos=True), use_tqdm=False)
-        runs = []
-        for seed in (10, 11):  # a fresh draw each time: the prefix cache holds the last one
-            prompts = [r.prompt_token_ids for r in workloads.offline_requests(1024, 256, seed)]
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
-            torch.cuda.synchronize()
-            wall = time.perf_counter() - t0
-            tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
-            runs.append(round(tokens / wall, 1))
-        llm.shutdown()
-        del llm
+        runs = w4_rates(2)
     finally:
         decode.choose_tile = original
-        gc.collect()
-        torch.cuda.empty_cache()
     return {"tile": tile, "output_tokens_per_s": runs}
 
 

@@ -36,20 +36,16 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return name, kwargs
 
 
-def w4_run(name: str, kwargs: dict, runs: int) -> dict:
-    """W4 on a fresh LLM with kwargs; each timed run draws fresh prompts (the prefix cache keeps the last)."""
+def w4_rates(runs: int = 2, **llm_kwargs) -> list[float]:
+    """W4's output tok/s on a fresh LLM built with llm_kwargs, once per timed draw (seeds 10, 11, ...:
+    a fresh draw each time, since the prefix cache holds the last); the engine is gone afterwards."""
     from pagoda.runtime.frontend.llm import LLM
     from pagoda.runtime.sampling_params import SamplingParams
     from pagoda.runtime.tools.bench import workloads
 
-    kwargs = dict(kwargs)
-    min_rows = kwargs.pop("glu_min_rows", None)
-    default_min_rows = ops.GEMM_GLU_MIN_ROWS
-    if min_rows is not None:
-        ops.GEMM_GLU_MIN_ROWS = int(min_rows)
     try:
         llm = LLM(model=str(workloads.resolve_model("w4")), load_format="dummy", max_model_len=2048,
-                  max_num_seqs=1024, seed=0, **kwargs)
+                  max_num_seqs=1024, seed=0, **llm_kwargs)
         warm = [r.prompt_token_ids for r in workloads.offline_requests(1024, 16, seed=1)]
         llm.generate([{"prompt_token_ids": p} for p in warm],
                      SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
@@ -66,9 +62,22 @@ def w4_run(name: str, kwargs: dict, runs: int) -> dict:
         llm.shutdown()
         del llm
     finally:
-        ops.GEMM_GLU_MIN_ROWS = default_min_rows
         gc.collect()
         torch.cuda.empty_cache()
+    return rates
+
+
+def w4_run(name: str, kwargs: dict, runs: int) -> dict:
+    """One variant: w4_rates with its kwargs, GEMM_GLU_MIN_ROWS set for the engine if it asks."""
+    kwargs = dict(kwargs)
+    min_rows = kwargs.pop("glu_min_rows", None)
+    default_min_rows = ops.GEMM_GLU_MIN_ROWS
+    if min_rows is not None:
+        ops.GEMM_GLU_MIN_ROWS = int(min_rows)
+    try:
+        rates = w4_rates(runs, **kwargs)
+    finally:
+        ops.GEMM_GLU_MIN_ROWS = default_min_rows
     row = {"variant": name, "kwargs": kwargs, "glu_min_rows": min_rows, "output_tokens_per_s": rates}
     print("w4", json.dumps(row), flush=True)
     return row
