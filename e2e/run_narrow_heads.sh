@@ -9,6 +9,8 @@
 #            arguments, space-separated, no spaces inside; default base glu glu2k base)
 #   kernels  e2e/profile_w4.py --kernels 1024 without and with --gemm-glu: W4's GPU time per step kind
 #            and its kernel table, so the fused GEMM's in-place time shows (results/glu-ab-6964212/)
+#   steps    e2e/profile_w4.py --seats 1024: GPU time and the host's idle per step kind (where a card's
+#            wall time goes beyond its GPU time; on the H200 the profiler's busy share was 61-81%)
 #   w4       W4 through `pagoda bench` with the profiler's GPU-busy figure (W4_TWICE=1: a second run,
 #            the card's spread beside the figure)
 #   w2       issue 19's W2 bf16 and FP8 pair, on an H200 only (its target is an H200 figure)
@@ -38,6 +40,10 @@ stage_kernels() {
         timeout 220 python3 e2e/profile_w4.py --out "$OUT" --seats 1024 --kernels 1024 $g 2>&1 | quiet \
             | grep -iE "after start-up|by_kind|^kernels|^ +[0-9.]+ ms" | cut -c1-800 | head -60
     done
+}
+stage_steps() {
+    timeout 220 python3 e2e/profile_w4.py --out "$OUT" --seats 1024 2>&1 | quiet | grep -iE "after start-up|by_kind|wrote" \
+        | cut -c1-1500 | head -20
 }
 stage_w4() {
     w4 --gpu-busy 1024 2>&1 | quiet || return 1
