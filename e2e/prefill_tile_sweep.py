@@ -93,10 +93,10 @@ def with_prefill_launch(launch: dict | None):
     """w4_run's hook: default_config answers `launch` for 16-bit heads of 64 or less."""
     original = prefill.default_config
 
-    def narrow(head_dim, dtype, device):
+    def narrow(head_dim, dtype, device, max_seq_len=None):
         if launch and device.type == "cuda" and head_dim <= 64 and dtype != torch.float32:
             return dict(launch)
-        return original(head_dim, dtype, device)
+        return original(head_dim, dtype, device, max_seq_len)
 
     return original, narrow
 

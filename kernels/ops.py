@@ -76,7 +76,8 @@ def paged_attention_triton(query, k_cache, v_cache, block_tables, seq_lens, quer
         out = paged_attention_decode(query, k_cache, v_cache, block_tables[:d], seq_lens[:d],
                                      query_start_loc[: d + 1], scale, **layer, max_seq_len=max_seq_len, out=out)
     return paged_attention_prefill(query, k_cache, v_cache, block_tables[d:], seq_lens[d:],
-                                   query_start_loc[d:], scale, **layer, max_query_len=max_query_len, out=out)
+                                   query_start_loc[d:], scale, **layer, max_query_len=max_query_len,
+                                   max_seq_len=max_seq_len, out=out)
 
 
 def rms_norm(x, weight, eps, residual=None):

@@ -120,9 +120,19 @@ def _prefill_kernel(
                  out.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
 
 
-def default_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> dict:
+# Heads of 64 take a launch by context length (H100, results/prefill-tiles-9807a9e/ and -f3c3c06/).
+# On W4's short prompts (128-1024 tokens) SHORT_TILE runs 168-175 TFLOP/s against LONG_TILE's 152;
+# at 4k tokens it gives 260 against 283, and on a 2k chunk of a 16k prompt 241 against 292. Where
+# every sequence of the step ends by SHORT_CONTEXT tokens (the max_seq_len hint), SHORT_TILE.
+SHORT_TILE_64 = dict(block_m=64, block_n=32, num_warps=4, num_stages=2)
+LONG_TILE_64 = dict(block_m=128, block_n=64, num_warps=4, num_stages=3)
+SHORT_CONTEXT = 1536
+
+
+def default_config(head_dim: int, dtype: torch.dtype, device: torch.device, max_seq_len: int | None = None) -> dict:
     """Tile sizes and launch knobs: first guesses for the H200 (e2e/kernels_gpu.py --sweep ranks the
-    alternatives there); small tiles under the interpreter keep the CPU tests quick."""
+    alternatives there); small tiles under the interpreter keep the CPU tests quick. max_seq_len,
+    an upper bound on the step's sequence lengths where known, picks the tile for heads of 64."""
     if device.type != "cuda":
         return dict(block_m=16, block_n=16, num_warps=1, num_stages=1)
     if head_dim > 128:  # Gemma's 256: smaller tiles keep q, K and V within shared memory (not swept)
@@ -132,14 +142,20 @@ def default_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> d
     if dtype == torch.float32:
         return dict(block_m=64, block_n=32, num_warps=4, num_stages=2)
     if head_dim <= 64:
-        # Heads of 64 want a launch by length (H100, results/prefill-tiles-9807a9e/ and -f3c3c06/):
-        # on W4's short prompts 64/32/4/2 runs 168-175 TFLOP/s against this one's 152, but at 4k
-        # tokens 260 against 283 and on a 2k chunk of a 16k prompt 241 against 292. One launch for
-        # every length keeps this one; a rule by context length needs a hint the prefill launch
-        # does not get yet (max_seq_len) and warm-up for both.
-        return dict(block_m=128, block_n=64, num_warps=4, num_stages=3)
+        short = max_seq_len is not None and max_seq_len <= SHORT_CONTEXT
+        return dict(SHORT_TILE_64 if short else LONG_TILE_64)
     # swept on the H200 (c928b0e): 377 TFLOP/s at 4k against 324 for 128/64/8/3
     return dict(block_m=128, block_n=32, num_warps=8, num_stages=2)
+
+
+def launches(head_dim: int, dtype: torch.dtype, device: torch.device) -> list[dict]:
+    """Every launch default_config can give this layer, for the warm-up to build each one."""
+    found = []
+    for hint in (None, 1):
+        cfg = default_config(head_dim, dtype, device, hint)
+        if cfg not in found:
+            found.append(cfg)
+    return found
 
 
 def paged_attention_prefill(
@@ -156,14 +172,16 @@ def paged_attention_prefill(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     max_query_len: int | None = None,
+    max_seq_len: int | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """max_query_len is a launch hint (an upper bound is fine); without it the grid is sized from
-    query_start_loc, which syncs with the host. sliding_window, softcap and the FP8 cache's k_scale
+    """max_query_len and max_seq_len are launch hints (upper bounds are fine): without the first the
+    grid is sized from query_start_loc, which syncs with the host; the second picks the tile
+    (default_config). sliding_window, softcap and the FP8 cache's k_scale
     and v_scale as in paged_attention_ref."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = query.shape[1], query.shape[2]
@@ -176,7 +194,7 @@ def paged_attention_prefill(
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max()) if num_seqs else 0
     if num_seqs == 0 or max_query_len == 0:
         return out
-    cfg = default_config(head_dim, query.dtype, query.device)
+    cfg = default_config(head_dim, query.dtype, query.device, max_seq_len)
     block_m = block_m or cfg["block_m"]
     grid = (triton.cdiv(max_query_len, block_m), num_seqs, num_heads)
     _prefill_kernel[grid](

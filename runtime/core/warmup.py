@@ -11,6 +11,9 @@ Two parts:
   sampler's paths (greedy, top-k/top-p/min-p, seeded, logprobs, penalties).
 - The decode attention kernel at every split count and tile it can be launched with (each is a
   kernel of its own: NUM_SPLITS and the tile are constexprs), per distinct attention layer.
+- The prefill attention kernel at every tile its launch may choose by context length (heads of
+  64: paged_attention_prefill.launches), with its per-sequence pointers at each 16-byte alignment
+  a mixed step's decode rows can leave them.
 
 Afterwards nothing of the requests is left but evictable prefix-cache blocks, which hold the right
 KV for their tokens, and the engine's counters start from zero.
@@ -72,13 +75,14 @@ def warm_up(core) -> float:
     runner = getattr(core.executor, "runner", None)
     kernels = 0
     if runner is not None and core.device.type == "cuda":
-        kernels = warm_up_decode_kernels(runner.model, getattr(torch, cfg.dtype), runner.buffers.max_blocks)
+        dtype, width = getattr(torch, cfg.dtype), runner.buffers.max_blocks
+        kernels = warm_up_decode_kernels(runner.model, dtype, width) + warm_up_prefill_kernels(runner.model, dtype, width)
     kv = core.kv_cache_manager
     kv.prefix_cache_queries = kv.prefix_cache_hits = 0
     core.scheduler.num_preemptions = 0
     core.prompt_tokens = core.generation_tokens = 0
     seconds = time.perf_counter() - start
-    logger.info("warm-up: %d requests and %d decode-kernel launches in %.2f s", count, kernels, seconds)
+    logger.info("warm-up: %d requests and %d attention-kernel launches in %.2f s", count, kernels, seconds)
     return seconds
 
 
@@ -98,8 +102,7 @@ def warm_up_decode_kernels(model, dtype, table_width: int) -> int:
     launches, seen = 0, set()
     for layer in model.attention_layers():
         k_cache = layer.k_cache
-        key = (layer.num_heads, layer.head_dim, layer.num_kv_heads, layer.sliding_window, layer.softcap,
-               k_cache.dtype, tuple(k_cache.shape[1:]))
+        key = _layer_key(layer)
         if k_cache.numel() == 0 or key in seen:
             continue
         seen.add(key)
@@ -120,6 +123,49 @@ def warm_up_decode_kernels(model, dtype, table_width: int) -> int:
                                                num_stages=stages)
                     launches += 1
                 splits *= 2
+    return launches
+
+
+def _layer_key(layer) -> tuple:
+    k_cache = layer.k_cache
+    return (layer.num_heads, layer.head_dim, layer.num_kv_heads, layer.sliding_window, layer.softcap,
+            k_cache.dtype, tuple(k_cache.shape[1:]))
+
+
+# A mixed step hands the prefill kernel its sequences' rows of seq_lens, query_start_loc and the
+# block table from the d-th on, d being its decode rows: int32 pointers that sit on a 16-byte
+# boundary or not by d mod 4 (and the table's width), and Triton builds a kernel per alignment.
+PREFILL_OFFSETS = (0, 1, 2, 3)
+
+
+def warm_up_prefill_kernels(model, dtype, table_width: int) -> int:
+    """Launch the prefill attention kernel at every tile paged_attention_prefill.launches gives a
+    layer, per distinct layer, with its per-sequence rows starting at each of PREFILL_OFFSETS: one
+    query token that reads position 0 of block 0 of the real cache into a scratch output. Where a
+    layer has one tile, the warm-up requests' steps met it already."""
+    from pagoda.kernels import paged_attention_prefill as pre
+
+    launches, seen = 0, set()
+    for layer in model.attention_layers():
+        k_cache = layer.k_cache
+        key = _layer_key(layer)
+        if k_cache.numel() == 0 or key in seen:
+            continue
+        seen.add(key)
+        configs = pre.launches(layer.head_dim, dtype, k_cache.device)
+        if len(configs) < 2:
+            continue
+        dev = k_cache.device
+        for d in PREFILL_OFFSETS:
+            q = torch.zeros(d + 1, layer.num_heads, layer.head_dim, dtype=dtype, device=dev)
+            tables = torch.zeros(d + 1, table_width, dtype=torch.int32, device=dev)[d:]
+            seq_lens = torch.ones(d + 1, dtype=torch.int32, device=dev)[d:]
+            qsl = torch.arange(d + 2, dtype=torch.int32, device=dev)[d:]
+            for cfg in configs:
+                pre.paged_attention_prefill(q, k_cache, layer.v_cache, tables, seq_lens, qsl, layer.scale,
+                                            sliding_window=layer.sliding_window, softcap=layer.softcap,
+                                            max_query_len=1, **cfg)
+                launches += 1
     return launches
 
 

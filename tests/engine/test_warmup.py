@@ -101,3 +101,38 @@ def test_decode_warm_up_covers_the_rows_past_pdls_limit():
         for n in (1, 600, 5000, 100000):
             assert dec.choose_num_splits(seqs, 2, n, cpu) <= most
     assert most > 1  # a long context at five sequences does take slices
+
+
+def test_prefill_kernels_warm_up_at_each_tile_and_alignment(model_dir):
+    """Where the prefill launch may choose between tiles (heads of 64 on a GPU), the warm-up
+    launches each tile with the per-sequence rows at every 16-byte alignment a mixed step's decode
+    rows can leave them, once per distinct layer. Run here under the interpreter with two small
+    tiles standing in for the GPU's."""
+    from pagoda.kernels import paged_attention_prefill as pre
+    from pagoda.runtime.core.warmup import PREFILL_OFFSETS, warm_up_prefill_kernels
+
+    llm = LLM(model=str(model_dir), max_model_len=256, num_kv_blocks=32, enforce_eager=True)
+    runner = llm.llm_engine.engine_core.executor.runner
+    model = runner.model
+    tiles = [dict(block_m=16, block_n=16, num_warps=1, num_stages=1),
+             dict(block_m=32, block_n=16, num_warps=1, num_stages=1)]
+    real = pre.paged_attention_prefill
+    seen = []
+
+    def recording(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, *args, **kwargs):
+        out = real(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, *args, **kwargs)
+        assert torch.isfinite(out[-1]).all()  # the one query token (the rows before it stand for decodes)
+        seen.append((kwargs["block_m"], seq_lens.data_ptr() % 16, query_start_loc.data_ptr() % 16,
+                     block_tables.stride()))
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pre, "paged_attention_prefill", recording)
+        assert warm_up_prefill_kernels(model, torch.float32, runner.buffers.max_blocks) == 0  # one CPU tile
+        mp.setattr(pre, "launches", lambda *a: tiles)
+        n = warm_up_prefill_kernels(model, torch.float32, runner.buffers.max_blocks)
+    assert n == len(tiles) * len(PREFILL_OFFSETS) == len(seen)  # the tiny model's layers are all alike
+    for tile in tiles:
+        mine = [s for s in seen if s[0] == tile["block_m"]]
+        assert {s[1] for s in mine} == {0, 4, 8, 12} and {s[2] for s in mine} == {0, 4, 8, 12}
+    assert {s[3] for s in seen} == {runner.buffers.block_tables.stride()}

@@ -13,6 +13,7 @@ from pagoda.kernels.paged_attention_decode import (
     choose_tile,
     paged_attention_decode,
 )
+from pagoda.kernels import paged_attention_prefill as prefill
 from pagoda.kernels.paged_attention_prefill import paged_attention_prefill
 from pagoda.kernels.paged_attention_ref import paged_attention_ref
 
@@ -101,6 +102,44 @@ def test_prefill_grid_from_an_upper_bound_hint():
     """A max_query_len hint above the real one only adds programs that exit at once."""
     args = paged_inputs([3, 1], [10, 21], 1, 4, 64, 16, F32)
     check(paged_attention_prefill(*args, 0.1, max_query_len=64), *args, 0.1)
+
+
+def test_prefill_launch_for_heads_of_64_goes_by_context_length():
+    """The launch rule itself (a CUDA device type needs no GPU here): heads of 64 take the
+    short-prompt tile only where the max_seq_len hint says every sequence is short; no hint, or
+    heads of 128, keep the launch they had."""
+    cuda = torch.device("cuda")
+    short, long = prefill.SHORT_TILE_64, prefill.LONG_TILE_64
+    assert short != long
+    assert prefill.default_config(64, BF16, cuda, prefill.SHORT_CONTEXT) == short
+    assert prefill.default_config(64, F16, cuda, 300) == short
+    assert prefill.default_config(64, BF16, cuda, prefill.SHORT_CONTEXT + 1) == long
+    assert prefill.default_config(64, BF16, cuda) == long  # no hint: an unbounded context
+    assert prefill.default_config(128, BF16, cuda, 300) == prefill.default_config(128, BF16, cuda)
+    assert prefill.default_config(64, F32, cuda, 300) == prefill.default_config(64, F32, cuda)
+    # the warm-up builds each launch the rule can give
+    assert prefill.launches(64, BF16, cuda) == [long, short]
+    assert len(prefill.launches(128, BF16, cuda)) == 1
+    assert len(prefill.launches(64, BF16, torch.device("cpu"))) == 1
+
+
+def test_mixed_step_hint_reaches_the_prefill_launch(monkeypatch):
+    """ops.paged_attention hands the step's max_seq_len on to the prefill launch (and the result
+    is the reference's whichever tile it takes)."""
+    from pagoda.kernels import ops
+
+    seen = []
+    real = prefill.default_config
+
+    def spy(head_dim, dtype, device, max_seq_len=None):
+        seen.append(max_seq_len)
+        return real(head_dim, dtype, device, max_seq_len)
+
+    monkeypatch.setattr(prefill, "default_config", spy)
+    args = paged_inputs([1, 5, 17], [9, 30, 17], 1, 7, 64, 16, F32)
+    got = ops.paged_attention_triton(*args, 0.125, max_query_len=17, max_seq_len=30, num_decode_seqs=1)
+    check(got, *args, 0.125)
+    assert seen == [30]
 
 
 @pytest.mark.parametrize("group,dtype,block_size", [(4, BF16, 16), (1, F32, 8), (7, F16, 32)])
