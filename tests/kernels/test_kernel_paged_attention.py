@@ -7,13 +7,13 @@ import pytest
 import torch
 from kernel_testing import paged_inputs, tolerance
 
+from pagoda.kernels import paged_attention_prefill as prefill
 from pagoda.kernels.paged_attention_decode import (
     FAT_TILE,
     choose_num_splits,
     choose_tile,
     paged_attention_decode,
 )
-from pagoda.kernels import paged_attention_prefill as prefill
 from pagoda.kernels.paged_attention_prefill import paged_attention_prefill
 from pagoda.kernels.paged_attention_ref import paged_attention_ref
 
