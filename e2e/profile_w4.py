@@ -39,17 +39,26 @@ def main() -> int:
     p.add_argument("--num-prompts", type=int, default=workloads.W4_NUM_REQUESTS)
     p.add_argument("--ahead-first", action="store_true")
     p.add_argument("--gemm-glu", action="store_true", help="the engine's --gemm-glu (the fused gate|up GEMM)")
+    p.add_argument("--prefill-short-context", type=int, default=None, metavar="N",
+                   help="kernels/paged_attention_prefill.SHORT_CONTEXT for this run (0: heads of 64 always take "
+                        "the long-prompt tile, as before 3caf23a)")
+    p.add_argument("--tag", default="", help="appended to the result's file name (repeated settings in one call)")
     p.add_argument("--kernels", type=int, default=0, metavar="N",
                    help="a torch.profiler kernel table of N prompts with 64 output tokens (first setting)")
     p.add_argument("--cprofile", type=int, default=0, metavar="N", help="cProfile a run of N prompts")
     p.add_argument("--stages", type=int, default=0, metavar="N",
                    help="a run of N prompts (first setting) with wall-clock timers around the step's parts")
     args = p.parse_args()
+    if args.prefill_short_context is not None:
+        from pagoda.kernels import paged_attention_prefill
+
+        paged_attention_prefill.SHORT_CONTEXT = args.prefill_short_context
     model = workloads.resolve_model("w4")
     greedy = SamplingParams(temperature=0, max_tokens=workloads.W1_OUTPUT_LEN, ignore_eos=True)
     warm = [r.prompt_token_ids for r in workloads.offline_requests(args.num_prompts, 16, seed=1)]
     result = {"commit": os.environ.get("PAGODA_COMMIT", "unknown"), "gpu": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "num_prompts": args.num_prompts, "gemm_glu": args.gemm_glu, "runs": {}}
+              "torch": torch.__version__, "num_prompts": args.num_prompts, "gemm_glu": args.gemm_glu,
+              "prefill_short_context": args.prefill_short_context, "runs": {}}
     # The A/B flips the frontend's answer to "may this step's processing abort?", which is what
     # picks EngineCore.step's order: True keeps the old order, False launches the step ahead first.
     orders = [("launch_after_overlap", True)] + ([("ahead_first", False)] if args.ahead_first else [])
@@ -99,7 +108,8 @@ def main() -> int:
         torch.cuda.empty_cache()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"profile-w4-{result['commit']}{'-gemm-glu' if args.gemm_glu else ''}.json"
+    short = "" if args.prefill_short_context is None else f"-short{args.prefill_short_context}"
+    path = out / f"profile-w4-{result['commit']}{'-gemm-glu' if args.gemm_glu else ''}{short}{'-' + args.tag if args.tag else ''}.json"
     path.write_text(json.dumps(result, indent=1))
     print("wrote", path)
     return 0

@@ -10,7 +10,8 @@
 #   kernels  e2e/profile_w4.py --kernels 1024 without and with --gemm-glu: W4's GPU time per step kind
 #            and its kernel table, so the fused GEMM's in-place time shows (results/glu-ab-6964212/)
 #   steps    e2e/profile_w4.py --seats 1024: GPU time and the host's idle per step kind (where a card's
-#            wall time goes beyond its GPU time; on the H200 the profiler's busy share was 61-81%)
+#            wall time goes beyond its GPU time; on the H200 the profiler's busy share was 61-81%), then
+#            the same with --prefill-short-context 0 (3caf23a's tile by context length off), then on again
 #   w4       W4 through `pagoda bench` with the profiler's GPU-busy figure (W4_TWICE=1: a second run,
 #            the card's spread beside the figure)
 #   w2       issue 19's W2 bf16 and FP8 pair, on an H200 only (its target is an H200 figure)
@@ -42,8 +43,12 @@ stage_kernels() {
     done
 }
 stage_steps() {
-    timeout 220 python3 e2e/profile_w4.py --out "$OUT" --seats 1024 2>&1 | quiet | grep -iE "after start-up|by_kind|wrote" \
-        | cut -c1-1500 | head -20
+    local s i=0
+    for s in "" "--prefill-short-context 0" ""; do
+        i=$((i + 1)); echo "--- profile_w4 $s"
+        timeout 200 python3 e2e/profile_w4.py --out "$OUT" --seats 1024 --tag "run$i" $s 2>&1 | quiet \
+            | grep -iE "after start-up|by_kind|wrote" | cut -c1-1500 | head -20
+    done
 }
 stage_w4() {
     w4 --gpu-busy 1024 2>&1 | quiet || return 1
