@@ -59,3 +59,22 @@ def test_latency_smoke(backend, tmp_path):
     assert 0 < record["tpot_ms_min"] <= record["tpot_ms_p50"] <= record["tpot_ms_p90"]
     assert record["ttft_ms_p50"] < record["e2e_ms_p50"]
     assert record["ratio_to_floor"] > 1
+
+
+def test_recorded_command_keeps_engine_switches():
+    """Engine switches (--gemm-glu / --no-gemm-glu) are recorded as they were given, so an A/B's two
+    result files say which arm each is; parsed again, the command gives the same flags."""
+    from pagoda.runtime.tools.bench.results import command_line
+
+    parser = build_parser("bench")
+    for argv, present, absent in (
+        (["bench", "throughput", "--workload", "W4", "--gemm-glu", "--no-enable-prefix-caching"],
+         ["--gemm-glu", "--no-enable-prefix-caching"], ["--no-gemm-glu", "--enable-prefix-caching"]),
+        (["bench", "throughput", "--workload", "W4", "--no-gemm-glu"], ["--no-gemm-glu"], ["--gemm-glu"]),
+    ):
+        args = parser.parse_args(argv)
+        words = shlex.split(command_line(args))
+        assert all(w in words for w in present) and not any(w in words for w in absent), words
+        again = vars(parser.parse_args(words[1:]))
+        assert {k: v for k, v in again.items() if k != "_parser"} == {k: v for k, v in vars(args).items()
+                                                                      if k != "_parser"}

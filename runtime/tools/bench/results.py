@@ -7,6 +7,7 @@ load generator may run where torch is absent).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -89,8 +90,13 @@ def command_line(args) -> str:
         value = getattr(args, action.dest, None)
         if not action.option_strings:
             positionals += [str(v) for v in (value if isinstance(value, list) else [value])]
+        elif isinstance(action, argparse.BooleanOptionalAction):
+            # both spellings of an engine switch (--gemm-glu / --no-gemm-glu): the one that ran
+            flags = sorted(action.option_strings, key=lambda f: f.startswith("--no-"))
+            if value is not None:
+                words.append(flags[0] if value else flags[-1])
         elif action.nargs == 0:
-            if value and action.const is True:
+            if value is not None and value != action.default:  # store_true, store_false, store_const
                 words.append(action.option_strings[-1])
         elif value is not None:
             words.append(action.option_strings[-1])
