@@ -99,13 +99,9 @@ def warm_up_decode_kernels(model, dtype, table_width: int) -> int:
     from pagoda.kernels import paged_attention_decode as dec
     from pagoda.kernels import pdl
 
-    launches, seen = 0, set()
-    for layer in model.attention_layers():
+    launches = 0
+    for layer in distinct_layers(model):
         k_cache = layer.k_cache
-        key = _layer_key(layer)
-        if k_cache.numel() == 0 or key in seen:
-            continue
-        seen.add(key)
         dev, es = k_cache.device, k_cache.element_size()
         tiles = {dec.choose_tile(0, es, dev, layer.head_dim), dec.choose_tile(1 << 30, es, dev, layer.head_dim)}
         # pdl.flag is what the launch asks: on at two rows means off past MAX_ROWS, a second kernel
@@ -126,10 +122,17 @@ def warm_up_decode_kernels(model, dtype, table_width: int) -> int:
     return launches
 
 
-def _layer_key(layer) -> tuple:
-    k_cache = layer.k_cache
-    return (layer.num_heads, layer.head_dim, layer.num_kv_heads, layer.sliding_window, layer.softcap,
-            k_cache.dtype, tuple(k_cache.shape[1:]))
+def distinct_layers(model):
+    """One attention layer of each kind that launches its own kernels (heads, window, soft-cap,
+    cache dtype and shape), leaving out layers without a cache."""
+    seen = set()
+    for layer in model.attention_layers():
+        k_cache = layer.k_cache
+        key = (layer.num_heads, layer.head_dim, layer.num_kv_heads, layer.sliding_window, layer.softcap,
+               k_cache.dtype, tuple(k_cache.shape[1:]))
+        if k_cache.numel() and key not in seen:
+            seen.add(key)
+            yield layer
 
 
 # A mixed step hands the prefill kernel its sequences' rows of seq_lens, query_start_loc and the
@@ -145,13 +148,9 @@ def warm_up_prefill_kernels(model, dtype, table_width: int) -> int:
     layer has one tile, the warm-up requests' steps met it already."""
     from pagoda.kernels import paged_attention_prefill as pre
 
-    launches, seen = 0, set()
-    for layer in model.attention_layers():
+    launches = 0
+    for layer in distinct_layers(model):
         k_cache = layer.k_cache
-        key = _layer_key(layer)
-        if k_cache.numel() == 0 or key in seen:
-            continue
-        seen.add(key)
         configs = pre.launches(layer.head_dim, dtype, k_cache.device)
         if len(configs) < 2:
             continue
