@@ -180,7 +180,7 @@ class BatchBuilder:
         ahead = int(sched.ahead)
         batch = None
         if num_tokens == num_seqs and not sched.mixed_ahead:
-            batch = self._decode_rows([s.request for s in scheduled], kv, ahead, pad_seqs, pad_tokens)
+            batch = self._decode_rows(list(map(_REQUEST, scheduled)), kv, ahead, pad_seqs, pad_tokens)
         if batch is None:
             batch = self._mixed_rows(sched, kv, ahead, pad_seqs, pad_tokens)
         self.buffers.send(batch.layout)

@@ -21,6 +21,7 @@ import gc
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 import torch
@@ -43,6 +44,7 @@ from pagoda.runtime.worker.sampler import Sampler, gather_logprobs
 from pagoda.runtime.worker.st_dense import dense_projection
 
 logger = logging.getLogger(__name__)
+_REQUEST = attrgetter("request")
 
 
 @dataclass(slots=True)
@@ -309,7 +311,7 @@ class ModelRunner:
         device (stream order puts the copy after the sampling that makes them)."""
         if previous is None or previous.device_token_ids is None:
             raise RuntimeError("a step scheduled ahead needs the launched step it follows")
-        requests, src = [item.request for item in sched.scheduled], previous.device_token_ids
+        requests, src = list(map(_REQUEST, sched.scheduled)), previous.device_token_ids
         n = len(requests)
         if requests == previous.requests[:n]:  # the same rows in the same order (identity)
             self.buffers.input_ids[:n].copy_(src[:n])
@@ -388,9 +390,10 @@ class ModelRunner:
         """Sample the step's rows and start the copy of their ids to the host."""
         to_sample, out = pending.requests, pending.out
         tokens, logprobs = self.sampler.sample(logits, to_sample, pending=num_pending)
-        for r, lp in zip(to_sample, logprobs):
-            if lp is not None:
-                out.logprobs[r.request_id] = lp
+        if logprobs.count(None) != len(logprobs):  # (a C-level scan: most steps have none)
+            for r, lp in zip(to_sample, logprobs):
+                if lp is not None:
+                    out.logprobs[r.request_id] = lp
         pending.device_token_ids = tokens
         turn = self.sampled_turn = self.sampled_turn ^ 1
         done = self.sampled_done[turn]

@@ -193,6 +193,42 @@ def test_block_table_mirror_follows_rows_that_shift_grow_and_return():
             r.num_computed_tokens = r.num_tokens - 1
 
 
+def test_block_table_mirror_of_the_same_rows_sees_a_list_replaced_by_a_free():
+    """The same requests in the same rows as the last sync keep their rows' lists (no lookup),
+    unless a request was freed and allocated again since: its new list must be read. That includes
+    a row past a shorter batch in between, whose request was replaced while it sat outside."""
+    kv = KVCacheManager(400, 4)
+    a, x = (Request(i, [5] * 9, SamplingParams(max_tokens=50), None, 50, 4) for i in "ax")
+    for r in (a, x):
+        assert kv.allocate_slots(r, r.num_tokens) is not None
+        r.num_computed_tokens = r.num_tokens
+    tables = BlockTables(8, 16)
+
+    def check(batch):
+        tables.sync(batch, kv)
+        for i, r in enumerate(batch):
+            ids = kv.get_block_ids(r.request_id)
+            assert tables.table[i, : len(ids)].tolist() == ids and tables.row_len[i] == len(ids)
+
+    check([a, x])
+    for _ in range(6):  # the same rows, growing a block every fourth token
+        for r in (a, x):
+            r.append_output_token(7)
+            assert kv.allocate_slots(r, 1) is not None
+            r.num_computed_tokens += 1
+        check([a, x])
+    kv.free(x)  # preempted: a new list, other blocks, for the same request in the same row
+    assert kv.allocate_slots(a, 0) is not None and kv.allocate_slots(Request("y", [1] * 8, SamplingParams(), None, 8, 4), 8)
+    assert kv.allocate_slots(x, x.num_tokens - 1) is not None
+    check([a, x])
+    check([a])
+    kv.free(x)
+    assert kv.allocate_slots(Request("z", [1] * 8, SamplingParams(), None, 8, 4), 8)
+    assert kv.allocate_slots(x, x.num_tokens - 1) is not None
+    check([a])  # x replaced while outside the batch
+    check([a, x])
+
+
 def _kv_state(kv: KVCacheManager) -> tuple:
     pool = kv.block_pool
     return ({rid: [b.block_id for b in blocks] for rid, blocks in kv.req_to_blocks.items()},

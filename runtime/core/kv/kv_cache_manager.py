@@ -41,6 +41,9 @@ class KVCacheManager:
         # checks every running request every step (W4: ~1,000 rows), and this makes the common
         # case one lookup and one comparison; past it the full check (_has_room) decides.
         self.room_end: dict[str, int] = {}
+        # Frees so far: a request's block list is a new list object only after a free, so a
+        # mirror of the lists (BlockTables) may keep its rows' lists while this is unchanged.
+        self.num_frees = 0
         self.prefix_cache_queries = 0  # tokens looked up
         self.prefix_cache_hits = 0  # tokens found
 
@@ -202,6 +205,7 @@ class KVCacheManager:
         return num_cached
 
     def free(self, request: Request) -> None:
+        self.num_frees += 1
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_blocks.pop(request.request_id, None)
         self.room_end.pop(request.request_id, None)
