@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from pagoda.runtime.core.kv.block_hash import BlockHash, hash_full_blocks
+from pagoda.runtime.core.kv.block_hash import BlockHash, hash_block_tokens, hash_full_blocks
 from pagoda.runtime.core.structured_outputs import RequestGrammar
 from pagoda.runtime.sampling_params import SamplingParams
 
@@ -141,8 +141,14 @@ class Request:
 
     def _update_block_hashes(self) -> None:
         bs, hashes = self.block_size, self.block_hashes
-        num_full = (len(self.prompt_token_ids) + len(self.output_token_ids)) // bs
-        if num_full > len(hashes):
+        num_prompt = len(self.prompt_token_ids)
+        num_full = (num_prompt + len(self.output_token_ids)) // bs
+        start = len(hashes) * bs - num_prompt  # where the first unhashed block starts in the output
+        if num_full == len(hashes) + 1 and start >= 0 and hashes:
+            # A decode token filled one block of output tokens (W4: ~64 requests a step at 1,024
+            # seats): one digest, without the slicing and loop of the general case.
+            hashes.append(hash_block_tokens(hashes[-1], self.output_token_ids[start : start + bs], self.cache_salt))
+        elif num_full > len(hashes):
             tokens = self.token_ids_slice(len(hashes) * bs, num_full * bs)
             hashes += hash_full_blocks(hashes[-1] if hashes else None, tokens, bs, self.cache_salt)
         self.next_block_end = (len(hashes) + 1) * bs

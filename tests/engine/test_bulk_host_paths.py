@@ -13,6 +13,7 @@ import numpy as np
 
 from pagoda.runtime import SamplingParams
 from pagoda.runtime.core.engine_core import EngineCore
+from pagoda.runtime.core.kv.block_hash import hash_full_blocks
 from pagoda.runtime.core.kv.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.request import Request
 from pagoda.runtime.core.scheduler import ScheduledRequest, SchedulerOutput
@@ -229,3 +230,20 @@ def test_prompt_blocks_hashed_at_admission_hit_the_cache_as_hashed_on_arrival(ti
     deferred, eager = run(False), run(True)
     assert deferred == eager
     assert deferred[2][1] > 0 and deferred[3] > 0  # the cache was hit, and requests were preempted
+
+
+def test_block_hashes_grown_token_by_token_are_the_hashes_of_the_whole_sequence():
+    """Output blocks hashed one at a time as decode tokens fill them (the one-digest path), and
+    blocks that straddle the prompt's end or come several at once (the general path), give the
+    chained digests of hashing every token at once."""
+    for prompt_len, salt in ((3, b""), (16, b""), (37, b"s"), (64, b"s")):
+        r = Request("r", list(range(100, 100 + prompt_len)), SamplingParams(max_tokens=200), None, 200, 16,
+                    cache_salt=salt)
+        for t in range(90):
+            if t == 40:
+                r.output_token_ids += [7] * 20  # several blocks at once (as after a preemption)
+                r._update_block_hashes()
+            r.append_output_token(1000 + t)
+            tokens = r.all_token_ids
+            full = len(tokens) // 16 * 16
+            assert r.block_hashes == hash_full_blocks(None, tokens[:full], 16, salt)
