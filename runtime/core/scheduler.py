@@ -168,7 +168,7 @@ class Scheduler:
             return None
         nxt = SchedulerOutput(ahead=True)
         scheduled, finished = nxt.scheduled, RequestStatus.FINISHED_STOPPED
-        # The requests whose next two tokens need a block or fill one (about one in block_size):
+        # The requests whose next two tokens need a block or fill one (about two in block_size):
         # the KV manager's room_end check, done here in the same pass, so that
         # allocate_decode_slots walks only them (it decides the same for the rest: nothing to do).
         kv = self.kv
@@ -369,15 +369,13 @@ class Scheduler:
                 request.num_in_flight_tokens -= item.num_tokens
                 if request.status < finished:  # else stopped or aborted since: its rows are dropped
                     request.num_computed_tokens += item.num_tokens
-        elif fold:
-            pass
-        elif out.ahead:
+        elif out.ahead and not fold:
             for item in out.scheduled:
                 request = item.request
                 request.num_in_flight_tokens -= 1
                 if request.status < finished:  # else stopped or aborted since: its row is dropped
                     request.num_computed_tokens += 1
-        else:
+        elif not out.ahead:
             for item in out.scheduled:
                 request = item.request
                 if request.status < finished:
