@@ -246,8 +246,10 @@ def stage_timers(clock=time.thread_time, extra=()):
             setattr(cls, name, orig)
 
 
-def run_once(llm: LLM, prompts: list[list[int]], output_len: int) -> tuple[dict, float]:
-    timer = StepTimer(llm)
+def run_once(llm: LLM, prompts: list[list[int]], output_len: int, timer: StepTimer | None = None
+             ) -> tuple[dict, float]:
+    """One W4 generate under a StepTimer (the caller's, to read its per-call times after)."""
+    timer = timer or StepTimer(llm)
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     t0 = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)

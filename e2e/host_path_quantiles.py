@@ -22,7 +22,6 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(__file__))
 import host_path_bench as bench  # noqa: E402
 
-from pagoda.runtime.sampling_params import SamplingParams  # noqa: E402
 from pagoda.runtime.tools.bench import workloads  # noqa: E402
 
 QUANTILES = (0.05, 0.10, 0.25, 0.50)
@@ -36,14 +35,11 @@ def main() -> None:
     args = p.parse_args()
     llm = bench.build_llm(1024, 80000, mixed_ahead=True)
     bench.run_once(llm, [r.prompt_token_ids for r in workloads.offline_requests(1024, 8, seed=1)], 8)  # warm
-    params = SamplingParams(temperature=0, max_tokens=workloads.W1_OUTPUT_LEN, ignore_eos=True)
     steps, medians = [], []
     for i in range(args.runs):
         timer = bench.StepTimer(llm)
         prompts = [r.prompt_token_ids for r in workloads.offline_requests(1024, 1, seed=10 + i)]
-        llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        engine = llm.llm_engine
-        del engine.step, engine.runner.launch
+        bench.run_once(llm, prompts, workloads.W1_OUTPUT_LEN, timer)
         cpu = [c * 1e3 for _, c, _, launches in timer.calls
                if launches and all(k == "decode" for k, _ in launches) and sum(n for _, n in launches) >= 900]
         medians.append(round(statistics.median(cpu), 3))
