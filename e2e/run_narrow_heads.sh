@@ -14,6 +14,11 @@
 #            the same with --prefill-short-context 0 (3caf23a's tile by context length off), then on again
 #   w4       W4 through `pagoda bench` with the profiler's GPU-busy figure (W4_TWICE=1: a second run,
 #            the card's spread beside the figure)
+#   budget   W4 (then W1 with W1_BUDGET=1) through `pagoda bench` at each of BUDGETS' per-step token
+#            budgets (default 16384 32768 16384 32768): fewer, larger mixed steps admit the last
+#            request sooner, so the run has fewer steps in all
+#   glu      profile_w4.py --seats 1024 without and with --gemm-glu, twice, alternating (GPU time per
+#            step kind: the wall clock could not rank the two, results/glu-ab-6964212/)
 #   w2       issue 19's W2 bf16 and FP8 pair, on an H200 only (its target is an H200 figure)
 #   correct  e2e/gpu_correctness.py --llama-layers 8 (the 0.5B shape has heads of 64)
 # Earlier calls ran these as run_overlap.sh (probe w4 w2), run_decode_tiles.sh (decode w2) and
@@ -54,6 +59,27 @@ stage_w4() {
     w4 --gpu-busy 1024 2>&1 | quiet || return 1
     [ "${W4_TWICE:-0}" = 1 ] || return 0
     w4 2>&1 | quiet
+}
+stage_budget() {
+    local b
+    for b in ${BUDGETS:-16384 32768 16384 32768}; do
+        echo "--- W4 --max-num-batched-tokens $b"
+        w4 --max-num-batched-tokens "$b" 2>&1 | quiet | grep -E "^W4|roofline|rror"
+    done
+    [ "${W1_BUDGET:-0}" = 1 ] || return 0
+    for b in ${BUDGETS:-16384 32768}; do
+        echo "--- W1 --max-num-batched-tokens $b"
+        timeout 200 python3 -m pagoda.runtime.cli bench throughput --workload W1 --backend pagoda --out "$OUT" \
+            --max-num-batched-tokens "$b" 2>&1 | quiet | grep -E "^W1|roofline|rror"
+    done
+}
+stage_glu() {
+    local g i=0
+    for g in "" --gemm-glu "" --gemm-glu; do
+        i=$((i + 1)); echo "--- profile_w4 $g"
+        timeout 200 python3 e2e/profile_w4.py --out "$OUT" --seats 1024 --tag "ab$i" $g 2>&1 | quiet \
+            | grep -iE "after start-up|by_kind|wrote" | cut -c1-1500 | head -20
+    done
 }
 stage_w2() {
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "w2: not an H200, skipped"; return 0; }

@@ -11,6 +11,7 @@ from pagoda.runtime.engine_args import EngineArgs
 from pagoda.runtime.frontend.llm_engine import LLMEngine
 from pagoda.runtime.frontend.llm_pooling import PoolingMixin
 from pagoda.runtime.frontend.outputs import RequestOutput
+from pagoda.runtime.frontend.request_feed import RequestFeed
 from pagoda.runtime.frontend.tokenizer import apply_chat_template
 from pagoda.runtime.sampling_params import RequestOutputKind, SamplingParams
 
@@ -115,26 +116,45 @@ class LLM(PoolingMixin):
         engine = self.llm_engine
         order = {}
         final_only: dict[int, SamplingParams] = {}  # only finished outputs are read here
-        for text, ids, p in zip(texts, token_ids, params):
+
+        def add(item) -> int:
+            text, ids, p = item
             request_id = str(next(self._counter))
-            order[request_id] = len(order)
             if p.output_kind != RequestOutputKind.FINAL_ONLY:
                 p = final_only.get(id(p)) or final_only.setdefault(
                     id(p), p.clone(output_kind=RequestOutputKind.FINAL_ONLY))
             engine.add_request(request_id, text, ids, p)
+            order[request_id] = len(order)
+            return len(ids)
+
+        # The requests go in a few steps ahead of the scheduler, not all before the first step
+        # (request_feed.py says why); the budget is the engine's own when it runs in this process.
+        core = getattr(engine, "engine_core", None)
+        feed = RequestFeed(zip(texts, token_ids, params), add, getattr(getattr(core, "scheduler", None), "waiting", ()),
+                           getattr(core, "max_num_batched_tokens", None))
         bar = None
         if use_tqdm:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=len(order), desc="Processed prompts", dynamic_ncols=True)
+            bar = tqdm(total=len(token_ids), desc="Processed prompts", dynamic_ncols=True)
         finished: dict[str, RequestOutput] = {}
         try:
-            while engine.has_unfinished_requests():
+            feed.top_up()
+            while not feed.done or engine.has_unfinished_requests():
                 for out in engine.step():
                     if out.finished and out.request_id in order:
                         finished[out.request_id] = out
                         if bar is not None:
                             bar.update(1)
+                feed.top_up()
+        except BaseException:
+            # A prompt that fails validation late in the list (or an interrupt) ends the call: the
+            # requests it added leave the engine, so none runs on unseen into the next call.
+            engine.abort_request([r for r in order if r not in finished])
+            if feed.failed:  # the engine is sound: read the step in flight, whose rows are dropped
+                while engine.has_unfinished_requests():
+                    engine.step()
+            raise
         finally:
             if bar is not None:
                 bar.close()
