@@ -128,10 +128,9 @@ class LLM(PoolingMixin):
             return len(ids)
 
         # The requests go in a few steps ahead of the scheduler, not all before the first step
-        # (request_feed.py says why); the budget is the engine's own when it runs in this process.
-        core = getattr(engine, "engine_core", None)
-        feed = RequestFeed(zip(texts, token_ids, params), add, getattr(getattr(core, "scheduler", None), "waiting", ()),
-                           getattr(core, "max_num_batched_tokens", None))
+        # (request_feed.py says why).
+        core = engine.engine_core
+        feed = RequestFeed(zip(texts, token_ids, params), add, core.scheduler.waiting, core.max_num_batched_tokens)
         bar = None
         if use_tqdm:
             from tqdm.auto import tqdm

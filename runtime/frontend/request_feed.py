@@ -2,11 +2,11 @@
 
 Adding a request is host work: validation, the output state and its detokenizer, the core's
 Request. For W4's 1,024 prompts that was about 150 ms on a 2-core CPU before the first step was
-launched, with the GPU idle all along (e2e/results/host-path/). The scheduler only ever looks at the
-head of its waiting queue, as far as one step's token budget reaches, so the feed adds requests
-only until the queue holds LEAD_STEPS budgets of prompt tokens not yet scheduled, and adds more
-between steps. Between two steps the GPU is running the step launched ahead (EngineCore.step), so
-those adds cost it nothing.
+launched, with the GPU idle all along (e2e/results/feed-ab-172915a/). The scheduler only ever
+looks at the head of its waiting queue, as far as one step's token budget reaches. So the feed
+adds requests only until the queue holds LEAD_STEPS budgets of prompt tokens not yet scheduled,
+and adds more between steps. Between two steps the GPU is running the step launched ahead
+(EngineCore.step), so those adds cost it nothing.
 
 Each schedule sees the same head of the queue as it would with every request added first, so the
 steps are the same. The exception is a prompt whose prefix is cached: it takes less of the budget
