@@ -15,8 +15,8 @@
 #   w4       W4 through `pagoda bench` with the profiler's GPU-busy figure (W4_TWICE=1: a second run,
 #            the card's spread beside the figure)
 #   budget   W4 (then W1 with W1_BUDGET=1) through `pagoda bench` at each of BUDGETS' per-step token
-#            budgets (default 16384 32768 16384 32768): fewer, larger mixed steps admit the last
-#            request sooner, so the run has fewer steps in all
+#            budgets (default 16384 32768 16384 32768): fewer, larger mixed steps, fewer steps in all
+#            (32k was level with 16k on W4: results/feed-ab-172915a/)
 #   glu      profile_w4.py --seats 1024 without and with --gemm-glu, twice, alternating (GPU time per
 #            step kind: the wall clock could not rank the two, results/glu-ab-6964212/)
 #   w2       issue 19's W2 bf16 and FP8 pair, on an H200 only (its target is an H200 figure)

@@ -8,14 +8,15 @@ OUT=${1:?OUT_DIR}; PAIRS=${2:-2}
 mkdir -p "$OUT"
 # shellcheck disable=SC1091
 source e2e/gpu_env.sh
-run() {  # $1: feed | upfront
-    local lead=3; [ "$1" = upfront ] && lead=1000000
+run() {  # $1: feed (request_feed's own LEAD_STEPS) | upfront
+    local lead=""; [ "$1" = upfront ] && lead=1000000
     echo "--- W4, requests $1"
     timeout 150 python3 - "$OUT" "$lead" <<'PY' 2>&1 | grep -E "^W4|rror"
 import sys
 from pagoda.runtime.frontend import request_feed
 from pagoda.runtime.cli import main
-request_feed.LEAD_STEPS = int(sys.argv[2])
+if sys.argv[2]:
+    request_feed.LEAD_STEPS = int(sys.argv[2])
 sys.exit(main(["bench", "throughput", "--workload", "W4", "--backend", "pagoda", "--out", sys.argv[1]]))
 PY
 }
